@@ -1,0 +1,3 @@
+"""EBRL: asynchronous embodied reinforcement learning in JAX."""
+
+__version__ = "0.1.0"

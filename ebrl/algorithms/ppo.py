@@ -1,0 +1,56 @@
+"""Clipped PPO loss over a minibatch, with masking of invalid samples.
+
+The mask drops transitions that never happened (an env's automatic-reset step).
+Value clipping and the entropy bonus are configurable; advantages are
+normalised over the valid samples of the minibatch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class PPOConfig:
+  clip_eps: float = 0.2
+  value_clip_eps: float = 0.0  # 0 disables value clipping.
+  vf_coef: float = 0.5
+  ent_coef: float = 0.0
+  normalize_advantages: bool = True
+
+
+def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
+  return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def ppo_loss(cfg: PPOConfig, logp: jax.Array, entropy: jax.Array, value: jax.Array,
+             old_logp: jax.Array, old_value: jax.Array, advantages: jax.Array,
+             returns: jax.Array, mask: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """All inputs are [B]; returns (loss, metrics)."""
+  mask = mask.astype(jnp.float32)
+  if cfg.normalize_advantages:
+    mean = masked_mean(advantages, mask)
+    std = jnp.sqrt(masked_mean(jnp.square(advantages - mean), mask))
+    advantages = (advantages - mean) / (std + 1e-8)
+  log_ratio = logp - old_logp
+  ratio = jnp.exp(log_ratio)
+  pg = -jnp.minimum(ratio * advantages, jnp.clip(ratio, 1 - cfg.clip_eps, 1 + cfg.clip_eps) * advantages)
+  v_err = jnp.square(value - returns)
+  if cfg.value_clip_eps > 0:
+    clipped = old_value + jnp.clip(value - old_value, -cfg.value_clip_eps, cfg.value_clip_eps)
+    v_err = jnp.maximum(v_err, jnp.square(clipped - returns))
+  pg_loss = masked_mean(pg, mask)
+  v_loss = 0.5 * masked_mean(v_err, mask)
+  ent = masked_mean(entropy, mask)
+  loss = pg_loss + cfg.vf_coef * v_loss - cfg.ent_coef * ent
+  metrics = {
+      "policy_loss": pg_loss,
+      "value_loss": v_loss,
+      "entropy": ent,
+      "approx_kl": masked_mean((ratio - 1.0) - log_ratio, mask),
+      "clip_fraction": masked_mean((jnp.abs(ratio - 1.0) > cfg.clip_eps).astype(jnp.float32), mask),
+  }
+  return loss, metrics

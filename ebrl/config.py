@@ -1,0 +1,70 @@
+"""Checks a run config before anything is built or compiled.
+
+Every check raises UserError with one line naming the bad value and what would
+be valid; launchers print it and exit 2.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ebrl.errors import UserError
+
+SCHEDULERS = ("sync",)
+ALGORITHMS = ("ppo",)
+LR_SCHEDULES = ("constant", "linear")
+
+
+def _positive(name: str, value) -> None:
+  if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+    raise UserError(f"{name}={value!r} must be a positive number")
+
+
+def validate(cfg, num_devices: int) -> None:
+  """Raises UserError for the first problem found in cfg."""
+  from policies import POLICY_NAMES
+  from sim_adapters import UnknownEnvError, check_env_name
+
+  if cfg.scheduler not in SCHEDULERS:
+    raise UserError(f"unknown scheduler '{cfg.scheduler}'; valid: {', '.join(SCHEDULERS)}")
+  if cfg.policy.name not in POLICY_NAMES:
+    raise UserError(f"unknown policy '{cfg.policy.name}'; valid: {', '.join(POLICY_NAMES)}")
+  if cfg.algorithm.name not in ALGORITHMS:
+    raise UserError(f"unknown algorithm '{cfg.algorithm.name}'; valid: {', '.join(ALGORITHMS)}")
+  if cfg.algorithm.lr_schedule not in LR_SCHEDULES:
+    raise UserError(f"unknown algorithm.lr_schedule '{cfg.algorithm.lr_schedule}'; valid: {', '.join(LR_SCHEDULES)}")
+  for name in ("num_envs", "rollout_length", "total_env_steps"):
+    _positive(name, cfg[name])
+  for name in ("epochs", "num_minibatches", "learning_rate", "max_grad_norm"):
+    _positive(f"algorithm.{name}", cfg.algorithm[name])
+  for name in ("gamma", "gae_lambda"):
+    if not 0.0 <= cfg.algorithm[name] <= 1.0:
+      raise UserError(f"algorithm.{name}={cfg.algorithm[name]!r} must be in [0, 1]")
+  if not 0.0 < cfg.target_success <= 1.0:
+    raise UserError(f"target_success={cfg.target_success!r} must be in (0, 1]")
+  if cfg.num_envs % num_devices:
+    raise UserError(f"num_envs={cfg.num_envs} must be divisible by the {num_devices} devices of the learner mesh")
+  batch = cfg.num_envs * cfg.rollout_length
+  if batch % cfg.algorithm.num_minibatches:
+    raise UserError(f"algorithm.num_minibatches={cfg.algorithm.num_minibatches} must divide "
+                    f"num_envs * rollout_length = {batch}")
+  if cfg.env.name == "MetaWorld/MT10" and cfg.num_envs % 10:
+    raise UserError(f"num_envs={cfg.num_envs} must be a multiple of 10 for MetaWorld/MT10 (one pool per task)")
+  if any(h <= 0 for h in cfg.policy.hidden):
+    raise UserError(f"policy.hidden={tuple(cfg.policy.hidden)} must be positive layer sizes")
+  try:
+    check_env_name(cfg.env.name)
+  except UnknownEnvError as e:
+    raise UserError(str(e)) from None
+
+
+def check_workdir(path: str) -> None:
+  """Creates workdir if needed and proves it is writable."""
+  try:
+    os.makedirs(path, exist_ok=True)
+    probe = os.path.join(path, ".write_probe")
+    with open(probe, "w") as f:
+      f.write("ok")
+    os.remove(probe)
+  except OSError as e:
+    raise UserError(f"workdir '{path}' is not writable ({e.strerror}); pass --workdir=<a writable directory>") from None

@@ -1,0 +1,134 @@
+"""The learner: one jitted PPO update over a rollout, data-parallel over a Mesh.
+
+update(train_state, rollout) -> (train_state, metrics) runs `epochs` passes of
+`num_minibatches` Adam steps (Brax's PPO layout: one compiled call per update).
+The rollout is sharded along its env axis over every device of the mesh and
+the params are replicated; XLA inserts the gradient all-reduce, so the update
+is the same on 1 or D devices up to the order of float sums.
+
+A minibatch whose loss or gradient is not finite is skipped: params and
+optimiser state stay as they were and `skipped_updates` counts it. The
+observation normaliser is updated after the epochs, so the ratio at the first
+epoch is exactly 1 against the behaviour policy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from ebrl.algorithms.gae import gae
+from ebrl.algorithms.ppo import PPOConfig, ppo_loss
+from ebrl.types import Rollout, TrainState
+from policies.base import Policy
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerConfig:
+  gamma: float = 0.99
+  gae_lambda: float = 0.95
+  epochs: int = 4
+  num_minibatches: int = 4
+  learning_rate: float = 3e-4
+  lr_schedule: str = "constant"  # or "linear" (to 0 over total_updates)
+  total_updates: int = 1
+  max_grad_norm: float = 0.5
+  reward_scale: float = 1.0
+  ppo: PPOConfig = PPOConfig()
+
+
+def make_optimizer(cfg: LearnerConfig) -> optax.GradientTransformation:
+  if cfg.lr_schedule == "linear":
+    steps = max(1, cfg.total_updates * cfg.epochs * cfg.num_minibatches)
+    lr = optax.linear_schedule(cfg.learning_rate, 0.0, steps)
+  else:
+    lr = cfg.learning_rate
+  return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(lr, eps=1e-5))
+
+
+def make_mesh(devices=None) -> Mesh:
+  devices = np.asarray(devices if devices is not None else jax.local_devices())
+  return Mesh(devices.reshape(-1), ("data",))
+
+
+def init_train_state(policy: Policy, cfg: LearnerConfig, key: jax.Array) -> TrainState:
+  init_key, key = jax.random.split(key)
+  params = policy.init(init_key)
+  return TrainState(params=params, opt_state=make_optimizer(cfg).init(params["net"]), key=key,
+                    version=jnp.zeros((), jnp.int32), skipped_updates=jnp.zeros((), jnp.int32))
+
+
+def rollout_sharding(mesh: Mesh, rollout: Rollout) -> Rollout:
+  """Shards every [T, N, ...] leaf along N (axis 1) over the mesh's data axis."""
+  return jax.tree.map(lambda _: NamedSharding(mesh, P(None, "data")), rollout)
+
+
+class Learner:
+  """Owns the jitted update; `update` takes host or device rollouts."""
+
+  def __init__(self, policy: Policy, cfg: LearnerConfig, mesh: Mesh | None = None):
+    self.policy = policy
+    self.cfg = cfg
+    self.mesh = mesh or make_mesh()
+    self._optimizer = make_optimizer(cfg)
+    self._replicated = NamedSharding(self.mesh, P())
+    self._update: Callable = jax.jit(self._update_fn, donate_argnums=(0,))
+
+  def init(self, key: jax.Array) -> TrainState:
+    return jax.device_put(init_train_state(self.policy, self.cfg, key), self._replicated)
+
+  def place(self, rollout: Rollout) -> Rollout:
+    return jax.device_put(rollout, rollout_sharding(self.mesh, rollout))
+
+  def update(self, state: TrainState, rollout: Rollout) -> tuple[TrainState, dict]:
+    return self._update(state, self.place(rollout))
+
+  # The whole algorithm, in one screen.
+  def _update_fn(self, state: TrainState, ro: Rollout) -> tuple[TrainState, dict]:
+    cfg, policy = self.cfg, self.policy
+    rewards = ro.rewards * cfg.reward_scale
+    adv, returns = gae(rewards, ro.values, ro.terminated, ro.done, cfg.gamma, cfg.gae_lambda)
+    flat = lambda x: x.reshape((-1,) + x.shape[2:])
+    data = dict(obs=jax.tree.map(flat, ro.obs), actions=flat(ro.actions), logp=flat(ro.logp),
+                values=flat(ro.values[:-1]), adv=flat(adv), returns=flat(returns),
+                mask=flat(ro.valid).astype(jnp.float32))
+    num = data["adv"].shape[0]
+    mb = num // cfg.num_minibatches
+
+    def loss_fn(net, params, b):
+      logp, entropy, value = policy.evaluate({**params, "net": net}, b["obs"], b["actions"])
+      return ppo_loss(cfg.ppo, logp, entropy, value, b["logp"], b["values"], b["adv"], b["returns"], b["mask"])
+
+    def minibatch_step(carry, b):
+      params, opt_state, skipped = carry
+      (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params["net"], params, b)
+      updates, new_opt = self._optimizer.update(grads, opt_state, params["net"])
+      new_net = optax.apply_updates(params["net"], updates)
+      finite = jnp.isfinite(loss) & jnp.isfinite(optax.global_norm(grads))
+      keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+      params = {**params, "net": keep(new_net, params["net"])}
+      carry = (params, keep(new_opt, opt_state), skipped + (~finite).astype(jnp.int32))
+      return carry, {**metrics, "loss": loss}
+
+    def epoch(carry, key):
+      perm = jax.random.permutation(key, num)
+      batches = jax.tree.map(lambda x: x[perm].reshape((cfg.num_minibatches, mb) + x.shape[1:]), data)
+      return jax.lax.scan(minibatch_step, carry, batches)
+
+    key, epoch_key = jax.random.split(state.key)
+    carry = (state.params, state.opt_state, state.skipped_updates)
+    (params, opt_state, skipped), metrics = jax.lax.scan(
+        epoch, carry, jax.random.split(epoch_key, cfg.epochs))
+    params = policy.update_normalizer(params, ro.obs, ro.valid)
+    metrics = jax.tree.map(jnp.mean, metrics)
+    metrics["skipped_updates"] = skipped
+    metrics["staleness"] = jnp.sum((state.version - ro.version) * ro.valid) / jnp.maximum(ro.valid.sum(), 1)
+    new_state = TrainState(params=params, opt_state=opt_state, key=key,
+                           version=state.version + 1, skipped_updates=skipped)
+    return new_state, metrics

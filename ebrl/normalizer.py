@@ -1,0 +1,47 @@
+"""Running mean/variance of observations, kept in the policy params.
+
+Why in the params: the sampler and the learner must normalise with exactly the
+same statistics for a given policy version, and a checkpoint must carry them.
+Statistics merge batches with Chan et al.'s parallel update, so one update of
+B samples equals B single-sample updates (up to rounding).
+"""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+
+@flax.struct.dataclass
+class RunningStats:
+  mean: jax.Array  # [D]
+  var: jax.Array  # [D]
+  count: jax.Array  # scalar float32
+
+
+def init_stats(dim: int) -> RunningStats:
+  return RunningStats(jnp.zeros(dim, jnp.float32), jnp.ones(dim, jnp.float32), jnp.zeros((), jnp.float32))
+
+
+def update_stats(stats: RunningStats, x: jax.Array, weight: jax.Array | None = None) -> RunningStats:
+  """Merges samples x [..., D] (rows with weight 0 are ignored) into stats."""
+  x = x.reshape(-1, x.shape[-1]).astype(jnp.float32)
+  w = jnp.ones(x.shape[0], jnp.float32) if weight is None else weight.reshape(-1).astype(jnp.float32)
+  n = w.sum()
+  safe_n = jnp.maximum(n, 1.0)
+  batch_mean = (w[:, None] * x).sum(0) / safe_n
+  batch_var = (w[:, None] * jnp.square(x - batch_mean)).sum(0) / safe_n
+  total = stats.count + n
+  delta = batch_mean - stats.mean
+  frac = n / jnp.maximum(total, 1.0)
+  mean = stats.mean + delta * frac
+  # M2 of the merge, divided by the new count; the prior var of 1 at count 0 is dropped.
+  m2 = stats.var * stats.count + batch_var * n + jnp.square(delta) * stats.count * frac
+  var = jnp.where(total > 0, m2 / jnp.maximum(total, 1.0), stats.var)
+  keep = n > 0
+  return RunningStats(jnp.where(keep, mean, stats.mean), jnp.where(keep, var, stats.var), total)
+
+
+def normalize(stats: RunningStats, x: jax.Array, clip: float = 10.0) -> jax.Array:
+  return jnp.clip((x - stats.mean) / jnp.sqrt(stats.var + 1e-8), -clip, clip)

@@ -1,0 +1,74 @@
+"""Batched action generation from versioned params.
+
+The sampler keeps (params, version) and one jitted `act`; any batch size of
+ready envs can be served (each new size compiles once). The PRNG key of a call
+is derived inside the jit from a base key and a call counter, so a call costs a
+single dispatch. Actions come back raw (for the log-prob) and clipped to the
+env's bounds (for the simulator).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from policies.base import Policy
+from sim_adapters.base import EnvSpec
+
+
+class Actions(NamedTuple):
+  action: np.ndarray  # [B, A] raw policy sample (what logp is of)
+  env_action: np.ndarray  # [B, A] clipped to the env's action bounds
+  logp: np.ndarray  # [B]
+  value: np.ndarray  # [B]
+
+
+class Sampler:
+
+  def __init__(self, policy: Policy, spec: EnvSpec, seed: int = 0):
+    self.policy = policy
+    low, high = jnp.asarray(spec.action_low), jnp.asarray(spec.action_high)
+
+    def act(params, obs, key, counter):
+      action, logp, value, _ = policy.sample(params, obs, jax.random.fold_in(key, counter))
+      return action, jnp.clip(action, low, high), logp, value
+
+    self._act = jax.jit(act)
+    self._value = jax.jit(lambda params, obs: policy.evaluate(
+        params, obs, jnp.zeros(obs[next(iter(obs))].shape[:1] + (spec.action_dim,)))[2])
+    self._key = jax.random.key(seed)
+    self._counter = 0
+    self._lock = threading.Lock()
+    self.params = None
+    self.version = -1
+
+  def set_params(self, params, version: int) -> None:
+    """Publishes new params; the next `act` uses them (no waiting)."""
+    with self._lock:
+      self.params, self.version = params, int(version)
+
+  def act(self, obs: dict[str, np.ndarray]) -> tuple[Actions, int]:
+    """Returns the actions for obs and the version of the params that made them."""
+    with self._lock:
+      params, version = self.params, self.version
+      self._counter += 1
+      counter = self._counter
+    out = self._act(params, obs, self._key, counter)
+    return Actions(*(np.asarray(x) for x in out)), version
+
+  @property
+  def calls(self) -> int:
+    return self._counter
+
+  def restore_counter(self, calls: int) -> None:
+    """Continues the key sequence of an earlier run (resume)."""
+    self._counter = calls
+
+  def value(self, obs: dict[str, np.ndarray]) -> np.ndarray:
+    with self._lock:
+      params = self.params
+    return np.asarray(self._value(params, obs))

@@ -1,0 +1,10 @@
+"""Schedulers wire simulation, generation and update: sync | pipelined | ebrl."""
+
+from __future__ import annotations
+
+
+def make_scheduler(name: str, trainer):
+  if name == "sync":
+    from ebrl.scheduler.sync import SyncScheduler
+    return SyncScheduler(trainer)
+  raise ValueError(f"unknown scheduler '{name}'")

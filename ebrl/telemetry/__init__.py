@@ -1,0 +1,1 @@
+"""Run telemetry: episode statistics, stage timers, metric writers, plots."""

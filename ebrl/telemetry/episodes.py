@@ -1,0 +1,69 @@
+"""Per-env episode return, length and success, and the last-100 window.
+
+success_rate is the fraction of the last `window` finished episodes that
+succeeded at any step (RLinf's `success_once`); it is NaN while the task has
+no success signal or no episode has finished.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+
+from sim_adapters.base import StepBatch
+
+
+class EpisodeTracker:
+
+  def __init__(self, num_envs: int, has_success: bool, window: int = 100):
+    self.window = window
+    self.has_success = has_success
+    self._ret = np.zeros(num_envs, np.float64)
+    self._len = np.zeros(num_envs, np.int64)
+    self._succ = np.zeros(num_envs, np.float32)
+    self.recent: collections.deque = collections.deque(maxlen=window)  # (return, length, success)
+    self.episodes = 0
+
+  def observe(self, b: StepBatch) -> None:
+    ids, valid = b.env_ids, ~b.reset_step
+    self._ret[ids] += np.where(valid, b.reward, 0.0)
+    self._len[ids] += valid
+    self._succ[ids] = np.fmax(self._succ[ids], np.where(valid, b.success, 0.0))
+    done = b.done
+    if done.any():
+      fin = ids[done]
+      self.recent.extend(zip(self._ret[fin].tolist(), self._len[fin].tolist(), self._succ[fin].tolist()))
+      self.episodes += len(fin)
+      self._ret[fin] = 0.0
+      self._len[fin] = 0
+      self._succ[fin] = 0.0
+
+  def _mean(self, i: int) -> float:
+    if not self.recent:
+      return float("nan")
+    return float(np.mean([e[i] for e in self.recent]))
+
+  @property
+  def success_rate(self) -> float:
+    return self._mean(2) if self.has_success else float("nan")
+
+  @property
+  def episode_return(self) -> float:
+    return self._mean(0)
+
+  @property
+  def episode_length(self) -> float:
+    return self._mean(1)
+
+  @property
+  def window_full(self) -> bool:
+    return len(self.recent) == self.window
+
+  def state_dict(self) -> dict:
+    return {"recent": [list(e) for e in self.recent], "episodes": self.episodes}
+
+  def load_state_dict(self, d: dict) -> None:
+    self.recent.clear()
+    self.recent.extend(tuple(e) for e in d.get("recent", []))
+    self.episodes = int(d.get("episodes", 0))

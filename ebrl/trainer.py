@@ -1,0 +1,204 @@
+"""A training run: builds the stages from a config and owns the run's outputs.
+
+The scheduler drives the stages; after each update it calls `after_update`,
+which logs metrics.jsonl / TensorBoard / the progress bar, checkpoints, and
+tracks time to success. `finish` writes the final checkpoint, summary.json and
+plots. Everything that can be wrong with the user's request is checked before
+anything is compiled (see ebrl/config.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+
+import jax
+import numpy as np
+import tqdm
+
+from ebrl import config as config_lib
+from ebrl.algorithms.ppo import PPOConfig
+from ebrl.checkpointing import Checkpointer
+from ebrl.errors import UserError
+from ebrl.learner import Learner, LearnerConfig
+from ebrl.sampler import Sampler
+from ebrl.telemetry import plots
+from ebrl.telemetry.episodes import EpisodeTracker
+from ebrl.telemetry.stages import StageClock
+from ebrl.telemetry.writers import MetricsWriter, read_jsonl, write_json
+from policies import IncompatibleObservationError, make_policy
+from sim_adapters import make_adapter
+
+
+def learner_config(cfg) -> LearnerConfig:
+  a = cfg.algorithm
+  per_update = cfg.num_envs * cfg.rollout_length
+  return LearnerConfig(
+      gamma=a.gamma, gae_lambda=a.gae_lambda, epochs=a.epochs, num_minibatches=a.num_minibatches,
+      learning_rate=a.learning_rate, lr_schedule=a.lr_schedule,
+      total_updates=max(1, math.ceil(cfg.total_env_steps / per_update)),
+      max_grad_norm=a.max_grad_norm, reward_scale=a.reward_scale,
+      ppo=PPOConfig(clip_eps=a.clip_eps, value_clip_eps=a.value_clip_eps, vf_coef=a.vf_coef,
+                    ent_coef=a.ent_coef, normalize_advantages=a.normalize_advantages))
+
+
+def _finite_or_none(x: float):
+  return x if x is not None and math.isfinite(x) else None
+
+
+class Trainer:
+
+  def __init__(self, cfg, workdir: str, *, launch_time: float | None = None, progress: bool = True):
+    self.cfg = cfg
+    self.workdir = os.path.abspath(workdir)
+    self.launch_time = launch_time or time.time()
+    config_lib.validate(cfg, jax.local_device_count())
+    config_lib.check_workdir(self.workdir)
+    self.adapter = make_adapter(cfg.env.name, cfg.num_envs, num_threads=cfg.env.num_threads,
+                                seed=cfg.seed, max_episode_steps=cfg.env.max_episode_steps)
+    self.spec = self.adapter.spec
+    try:
+      self.policy = make_policy(cfg.policy.name, self.spec, cfg.policy)
+    except IncompatibleObservationError as e:
+      self.adapter.close()
+      raise UserError(str(e)) from None
+    with open(os.path.join(self.workdir, "config.json"), "w") as f:
+      f.write(cfg.to_json_best_effort(indent=2))
+
+    self.learner = Learner(self.policy, learner_config(cfg))
+    self.sampler = Sampler(self.policy, self.spec, seed=cfg.seed + 1)
+    self.tracker = EpisodeTracker(cfg.num_envs, self.spec.has_success)
+    self.clock = StageClock()
+    self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"), keep=cfg.keep_checkpoints,
+                                     warn=lambda m: tqdm.tqdm.write(m))
+    self.state = self.learner.init(jax.random.PRNGKey(cfg.seed))
+    self.env_steps = 0
+    self.prior_wall_s = 0.0  # Wall time of earlier launches of this run (resume).
+    self.time_to_success_s = None
+    self.best_success_rate = float("nan")
+    if cfg.resume:
+      self._resume()
+    self.sampler.set_params(self.state.params, int(self.state.version))
+
+    self.writer = MetricsWriter(self.workdir)
+    self.start_env_steps = self.env_steps
+    self.start_time = time.time()
+    self._last_log = (self.start_time, self.env_steps)
+    self._last_ckpt = self.start_time
+    self._last_metrics: dict = {}
+    self.bar = tqdm.tqdm(total=cfg.total_env_steps, initial=self.env_steps, unit="step",
+                         dynamic_ncols=True, disable=not progress)
+
+  # -- resume / checkpoint --------------------------------------------------
+
+  def _resume(self) -> None:
+    restored = self.checkpointer.restore_latest(self.state)
+    if restored is None:
+      return
+    self.state, meta = restored
+    self.env_steps = int(meta["env_steps"])
+    self.prior_wall_s = float(meta["wall_s"])
+    self.time_to_success_s = meta.get("time_to_success_s")
+    self.best_success_rate = float(meta.get("best_success_rate") or float("nan"))
+    self.tracker.load_state_dict(meta.get("episodes", {}))
+    self.sampler.restore_counter(int(meta.get("sampler_calls", 0)))
+    tqdm.tqdm.write(f"resumed from {self.checkpointer.path(self.env_steps)} at {self.env_steps} env steps")
+
+  def checkpoint(self) -> None:
+    meta = {"env_steps": self.env_steps, "wall_s": self.wall_s(), "time_to_success_s": self.time_to_success_s,
+            "best_success_rate": _finite_or_none(self.best_success_rate),
+            "episodes": self.tracker.state_dict(), "sampler_calls": self.sampler.calls}
+    self.checkpointer.save(self.env_steps, self.state, meta)
+    self._last_ckpt = time.time()
+
+  # -- progress ---------------------------------------------------------------
+
+  def wall_s(self) -> float:
+    return self.prior_wall_s + time.time() - self.launch_time
+
+  def add_env_steps(self, n: int) -> None:
+    self.env_steps += n
+
+  def after_update(self, metrics: dict) -> None:
+    now = time.time()
+    sr = self.tracker.success_rate
+    if math.isfinite(sr):
+      self.best_success_rate = sr if not math.isfinite(self.best_success_rate) else max(self.best_success_rate, sr)
+      if (self.time_to_success_s is None and self.tracker.window_full and sr >= self.cfg.target_success):
+        self.time_to_success_s = self.wall_s()
+    self._last_metrics = metrics
+    if now - self._last_log[0] >= self.cfg.log_every_s:
+      self.log(metrics)
+    if now - self._last_ckpt >= self.cfg.checkpoint_every_s:
+      self.checkpoint()
+    self.bar.n = min(self.env_steps, self.cfg.total_env_steps)
+    self.bar.set_postfix_str(
+        f"{self.interval_rate():,.0f} steps/s  success {sr:.2f}" if math.isfinite(sr)
+        else f"{self.interval_rate():,.0f} steps/s  return {self.tracker.episode_return:.1f}", refresh=False)
+    self.bar.refresh()
+
+  def interval_rate(self) -> float:
+    t, s = self._last_log
+    return (self.env_steps - s) / max(time.time() - t, 1e-9)
+
+  def log(self, metrics: dict) -> dict:
+    now = time.time()
+    stages = self.clock.snapshot()
+    elapsed = now - self.start_time
+    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    row = {
+        "env_steps": self.env_steps,
+        "wall_s": self.wall_s(),
+        "env_steps_per_s": self.interval_rate(),
+        "success_rate": self.tracker.success_rate,
+        "episode_return": self.tracker.episode_return,
+        "episode_length": self.tracker.episode_length,
+        "episodes": self.tracker.episodes,
+        "policy_version": int(self.state.version),
+        "time_sim_s": stages["sim"],
+        "time_gen_s": stages["gen"],
+        "time_train_s": stages["train"],
+        "time_other_s": max(0.0, elapsed - sum(stages.values())),
+        "nan_resets": self.adapter.nan_resets,
+        **metrics,
+    }
+    self.writer.write(row)
+    self._last_log = (now, self.env_steps)
+    return row
+
+  def finish(self) -> dict:
+    """Final checkpoint, summary.json and plots; returns the summary."""
+    self.bar.close()
+    if self._last_metrics:
+      self.log(self._last_metrics)
+    self.checkpoint()
+    self.checkpointer.close()
+    self.writer.close()
+    self.adapter.close()
+    elapsed = time.time() - self.start_time
+    stages = self.clock.snapshot()
+    summary = {
+        "env": self.cfg.env.name,
+        "policy": self.cfg.policy.name,
+        "scheduler": self.cfg.scheduler,
+        "env_steps": self.env_steps,
+        "wall_s": self.wall_s(),
+        "env_steps_per_s": (self.env_steps - self.start_env_steps) / max(elapsed, 1e-9),
+        "final_success_rate": _finite_or_none(self.tracker.success_rate),
+        "best_success_rate": _finite_or_none(self.best_success_rate),
+        "time_to_success_s": self.time_to_success_s,
+        "target_success": self.cfg.target_success,
+        "final_episode_return": _finite_or_none(self.tracker.episode_return),
+        "episodes": self.tracker.episodes,
+        "policy_version": int(self.state.version),
+        "nan_resets": self.adapter.nan_resets,
+        "skipped_updates": int(self.state.skipped_updates),
+        "stage_busy": {k: v / max(elapsed, 1e-9) for k, v in stages.items()},
+    }
+    write_json(os.path.join(self.workdir, "summary.json"), summary)
+    rows = read_jsonl(os.path.join(self.workdir, "metrics.jsonl"))
+    plots.learning_curve(rows, os.path.join(self.workdir, "plots", "learning_curve.png"),
+                         f"{self.cfg.env.name} · {self.cfg.policy.name} · {self.cfg.scheduler}")
+    return summary

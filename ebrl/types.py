@@ -1,0 +1,40 @@
+"""The data that moves between stages, as explicit pytrees."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.struct
+import jax
+
+
+@flax.struct.dataclass
+class Rollout:
+  """T steps of N envs, as the learner consumes them.
+
+  Row t of every [T, N] field is the transition taken from obs[t]. values has
+  T + 1 rows (the last bootstraps). `valid` is False for transitions that did
+  not happen (automatic-reset steps); `version` is the policy version that
+  produced each action, and `logp`/`values` are that behaviour policy's.
+  """
+
+  obs: dict[str, jax.Array]  # [T, N, ...]
+  actions: jax.Array  # [T, N, A]
+  logp: jax.Array  # [T, N]
+  values: jax.Array  # [T + 1, N]
+  rewards: jax.Array  # [T, N]
+  terminated: jax.Array  # [T, N] bool
+  done: jax.Array  # [T, N] bool
+  valid: jax.Array  # [T, N] bool
+  version: jax.Array  # [T, N] int32
+
+
+@flax.struct.dataclass
+class TrainState:
+  """Everything the learner owns; checkpointed whole."""
+
+  params: Any
+  opt_state: Any
+  key: jax.Array
+  version: jax.Array  # int32: number of updates applied (the policy version)
+  skipped_updates: jax.Array  # int32: minibatch steps skipped for a non-finite loss

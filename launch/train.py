@@ -1,0 +1,57 @@
+"""Train a policy: `python -m launch.train` (no flags) trains the embedded default.
+
+  python -m launch.train --config=launch/configs/default.py \
+      --config.env.name=MetaWorld/Reach-v3 --config.policy.name=mlp \
+      --config.scheduler=sync --config.num_envs=32 --config.total_env_steps=1000000 \
+      --config.target_success=0.9 --config.resume=True --workdir=runs/reach
+"""
+
+from __future__ import annotations
+
+import time
+
+LAUNCH_TIME = time.time()  # Wall clock starts at launch: imports and compiles count.
+
+import datetime  # pylint: disable=g-import-not-at-top
+import json
+import os
+
+from absl import flags
+from ml_collections import config_flags
+
+from launch import common
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", os.path.join(os.path.dirname(__file__), "configs", "default.py"), "Run config file.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: runs/<env>-<scheduler>-<time>).")
+_PROGRESS = flags.DEFINE_bool("progress", True, "Show the progress bar.")
+
+
+def default_workdir(cfg) -> str:
+  stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+  return os.path.join("runs", f"{cfg.env.name.replace('/', '_')}-{cfg.scheduler}-{stamp}")
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    common.fail(f"unexpected arguments {argv[1:]}; use --config.<key>=<value> flags")
+  cfg = _CONFIG.value
+  common.enable_compilation_cache()
+  from ebrl.scheduler import make_scheduler  # pylint: disable=g-import-not-at-top
+  from ebrl.trainer import Trainer
+
+  workdir = _WORKDIR.value or default_workdir(cfg)
+  trainer = Trainer(cfg, workdir, launch_time=LAUNCH_TIME, progress=_PROGRESS.value)
+  scheduler = make_scheduler(cfg.scheduler, trainer)
+  try:
+    scheduler.run(cfg.total_env_steps)
+  except KeyboardInterrupt:
+    print("interrupted; saving a checkpoint and the summary")
+  summary = trainer.finish()
+  print(json.dumps({k: summary[k] for k in (
+      "env", "env_steps", "wall_s", "env_steps_per_s", "final_success_rate", "time_to_success_s")}))
+  print(f"outputs in {trainer.workdir}")
+
+
+if __name__ == "__main__":
+  common.run(main)

@@ -1,0 +1,59 @@
+"""Every simulator behind one interface; `make_adapter` turns a name into one.
+
+Host simulators come from EnvPool (any EnvPool task id: MetaWorld/<Task>-v3,
+MuJoCo Playground CPU ports such as PandaPickCube-v1, Gymnasium MuJoCo such as
+Ant-v4, DM Control such as CartpoleBalance-v1) plus the multi-task mix
+MetaWorld/MT10.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+
+from sim_adapters.base import EnvSpec, ObsSpec, SimAdapter, StepBatch
+
+MULTI_TASK_NAMES = ("MetaWorld/MT10",)
+
+
+class UnknownEnvError(ValueError):
+  """An env name no backend knows; the message suggests close valid names."""
+
+
+@functools.lru_cache(maxsize=1)
+def known_env_names() -> tuple[str, ...]:
+  import envpool  # Slow import, done once and only when a name is checked.
+
+  return tuple(envpool.list_all_envs()) + MULTI_TASK_NAMES
+
+
+def check_env_name(name: str) -> None:
+  """Raises UnknownEnvError naming the closest valid names."""
+  names = known_env_names()
+  if name in names:
+    return
+  lowered = {n.lower(): n for n in names}
+  close = difflib.get_close_matches(name.lower(), list(lowered), n=3, cutoff=0.6)
+  hint = ", ".join(lowered[c] for c in close) if close else "MetaWorld/Reach-v3, MetaWorld/MT10, CartpoleBalance-v1"
+  raise UnknownEnvError(f"unknown env '{name}'; closest valid names: {hint}")
+
+
+def make_adapter(name: str, num_envs: int, *, batch_size: int | None = None, num_threads: int = 0,
+                 thread_affinity_offset: int = -1, seed: int = 0, max_episode_steps: int = 0):
+  """Builds the adapter for `name` (checked first, so errors come before any work)."""
+  check_env_name(name)
+  kwargs = dict(batch_size=batch_size, num_threads=num_threads,
+                thread_affinity_offset=thread_affinity_offset, seed=seed,
+                max_episode_steps=max_episode_steps)
+  if name.startswith("MetaWorld/"):
+    # The MT1 convention: the goal is part of the observation.
+    kwargs["partially_observable"] = False
+  if name in MULTI_TASK_NAMES:
+    from sim_adapters.multitask import MultiTaskAdapter
+    return MultiTaskAdapter(num_envs, **kwargs)
+  from sim_adapters.envpool_adapter import EnvPoolAdapter
+  return EnvPoolAdapter(name, num_envs, **kwargs)
+
+
+__all__ = ["EnvSpec", "ObsSpec", "SimAdapter", "StepBatch", "UnknownEnvError",
+           "check_env_name", "known_env_names", "make_adapter"]

@@ -1,0 +1,89 @@
+"""The SimAdapter contract every host-side simulator is driven through.
+
+Why one interface: the schedulers (sync, pipelined, ebrl) must not know which
+simulator they drive. EnvPool's asynchronous API is the model: `send` hands
+actions to some envs, `recv` returns whichever envs are ready. A synchronous
+`step` is the special case in which every env comes back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Protocol
+
+import numpy as np
+
+Obs = dict[str, np.ndarray]
+
+
+@dataclasses.dataclass(frozen=True)
+class ObsSpec:
+  """Shape and dtype of one observation key, per env (no batch axis)."""
+
+  shape: tuple[int, ...]
+  dtype: np.dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvSpec:
+  """What a policy needs to know about an env before it is built."""
+
+  name: str
+  obs: Mapping[str, ObsSpec]
+  action_dim: int
+  action_low: np.ndarray
+  action_high: np.ndarray
+  max_episode_steps: int
+  has_success: bool
+  num_tasks: int = 1
+
+
+@dataclasses.dataclass
+class StepBatch:
+  """What `recv` returns: one row per ready env, in `env_ids` order.
+
+  `reset_step` marks rows produced by an automatic reset: the env ignored the
+  action it was sent, `obs` is the first observation of a new episode and the
+  transition that led here is not a real one (learners mask it out). `success`
+  is NaN for tasks that define no success.
+  """
+
+  obs: Obs
+  reward: np.ndarray  # float32 [B]
+  terminated: np.ndarray  # bool [B]
+  truncated: np.ndarray  # bool [B]
+  success: np.ndarray  # float32 [B], NaN when the task has no success signal
+  env_ids: np.ndarray  # int32 [B]
+  reset_step: np.ndarray  # bool [B]
+
+  @property
+  def done(self) -> np.ndarray:
+    return self.terminated | self.truncated
+
+  def __len__(self) -> int:
+    return int(self.env_ids.shape[0])
+
+
+class SimAdapter(Protocol):
+  """Host-side batched simulator (see DESIGN.md, Interfaces)."""
+
+  spec: EnvSpec
+  num_envs: int
+
+  def reset(self) -> None:
+    """Reset every env; their first observations come from the next `recv`."""
+
+  def send(self, actions: np.ndarray, env_ids: np.ndarray) -> None:
+    """Start a step for `env_ids` with `actions` [len(env_ids), action_dim]."""
+
+  def recv(self) -> StepBatch:
+    """Return the envs that are ready (at least one)."""
+
+  def step(self, actions: np.ndarray) -> StepBatch:
+    """Step every env and return all of them, ordered by env id."""
+
+  def reset_envs(self, env_ids: np.ndarray) -> None:
+    """Reset `env_ids` in place of their next step (their next row is a reset)."""
+
+  def close(self) -> None:
+    """Release the simulator's threads."""

@@ -10,7 +10,7 @@ import os
 
 from ebrl.errors import UserError
 
-SCHEDULERS = ("sync",)
+SCHEDULERS = ("sync", "random")
 ALGORITHMS = ("ppo",)
 LR_SCHEDULES = ("constant", "linear")
 

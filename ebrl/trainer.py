@@ -30,6 +30,7 @@ from ebrl.telemetry.stages import StageClock
 from ebrl.telemetry.writers import MetricsWriter, read_jsonl, write_json
 from policies import IncompatibleObservationError, make_policy
 from sim_adapters import make_adapter
+from sim_adapters.envpool_adapter import UnsupportedEnvError
 
 
 def learner_config(cfg) -> LearnerConfig:
@@ -56,8 +57,12 @@ class Trainer:
     self.launch_time = launch_time or time.time()
     config_lib.validate(cfg, jax.local_device_count())
     config_lib.check_workdir(self.workdir)
-    self.adapter = make_adapter(cfg.env.name, cfg.num_envs, num_threads=cfg.env.num_threads,
-                                seed=cfg.seed, max_episode_steps=cfg.env.max_episode_steps)
+    try:
+      self.adapter = make_adapter(cfg.env.name, cfg.num_envs, num_threads=cfg.env.num_threads,
+                                  seed=cfg.seed, max_episode_steps=cfg.env.max_episode_steps,
+                                  from_pixels=cfg.env.from_pixels, render_size=cfg.env.render_size)
+    except UnsupportedEnvError as e:
+      raise UserError(str(e)) from None
     self.spec = self.adapter.spec
     try:
       self.policy = make_policy(cfg.policy.name, self.spec, cfg.policy)
@@ -88,6 +93,8 @@ class Trainer:
     self._last_log = (self.start_time, self.env_steps)
     self._last_ckpt = self.start_time
     self._last_metrics: dict = {}
+    self.deadline: float | None = None  # Wall-clock stop (benchmarks), besides the step budget.
+    self.update_hooks: list = []  # Called as hook(trainer) after every update.
     self.bar = tqdm.tqdm(total=cfg.total_env_steps, initial=self.env_steps, unit="step",
                          dynamic_ncols=True, disable=not progress)
 
@@ -121,6 +128,9 @@ class Trainer:
   def add_env_steps(self, n: int) -> None:
     self.env_steps += n
 
+  def should_stop(self, total_env_steps: int) -> bool:
+    return self.env_steps >= total_env_steps or (self.deadline is not None and time.time() >= self.deadline)
+
   def after_update(self, metrics: dict) -> None:
     now = time.time()
     sr = self.tracker.success_rate
@@ -129,6 +139,8 @@ class Trainer:
       if (self.time_to_success_s is None and self.tracker.window_full and sr >= self.cfg.target_success):
         self.time_to_success_s = self.wall_s()
     self._last_metrics = metrics
+    for hook in self.update_hooks:
+      hook(self)
     if now - self._last_log[0] >= self.cfg.log_every_s:
       self.log(metrics)
     if now - self._last_ckpt >= self.cfg.checkpoint_every_s:
@@ -138,6 +150,11 @@ class Trainer:
         f"{self.interval_rate():,.0f} steps/s  success {sr:.2f}" if math.isfinite(sr)
         else f"{self.interval_rate():,.0f} steps/s  return {self.tracker.episode_return:.1f}", refresh=False)
     self.bar.refresh()
+
+  def staleness_mean(self) -> float:
+    """Mean policy-version lag of the samples in the last update (0 for sync)."""
+    v = self._last_metrics.get("staleness")
+    return float(v) if v is not None else 0.0
 
   def interval_rate(self) -> float:
     t, s = self._last_log

@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Callable
 
-from absl import app, flags
+from absl import app, flags, logging
 
 from ebrl.errors import UserError
 
@@ -21,13 +21,47 @@ def fail(message: str) -> None:
   sys.exit(2)
 
 
+def _one_line(e: Exception) -> str:
+  text = str(e)
+  while len(text) > 1 and text[0] == text[-1] and text[0] in "'\"":
+    text = text[1:-1]
+  return " ".join(text.replace("\\n", "\n").replace("\\'", "'").split())
+
+
+def define_config(name: str = "config", default: str | None = None, help_text: str = "Run config file."):
+  """config_flags.DEFINE_config_file, with a mistyped override key as a one-line error.
+
+  config_flags resolves --config.<key> overrides while the flag is defined (at
+  import), so an unknown key raises there rather than in the flag parser.
+  """
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+
+  default = default or os.path.join(os.path.dirname(__file__), "configs", "default.py")
+  try:
+    return config_flags.DEFINE_config_file(name, default, help_text)
+  except (KeyError, AttributeError) as e:
+    fail(f"unknown config key: {_one_line(e)}")
+
+
+def config_value(holder):
+  """The parsed config, or a one-line error when its file cannot be loaded."""
+  cfg = holder.value
+  try:
+    cfg.keys()  # config_flags defers a load failure to the first attribute access.
+  except OSError as e:
+    first = str(e).splitlines()
+    missing = next((l.strip() for l in first if "Errno" in l), first[0] if first else "")
+    fail(f"cannot load --{holder.name}: {missing}")
+  return cfg
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:
     fail(str(e).splitlines()[0])
   except (KeyError, AttributeError, ValueError, TypeError) as e:  # Raised by config overrides.
-    fail(str(e).strip("'\"").splitlines()[0])
+    fail(_one_line(e))
   return []
 
 
@@ -44,6 +78,7 @@ def run(main: Callable[[list[str]], None]) -> None:
   """app.run with our flag parser and UserError -> one line, exit 2."""
 
   def guarded(argv):
+    logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO.
     try:
       main(argv)
     except UserError as e:

@@ -17,12 +17,10 @@ import json
 import os
 
 from absl import flags
-from ml_collections import config_flags
 
 from launch import common
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", os.path.join(os.path.dirname(__file__), "configs", "default.py"), "Run config file.")
+_CONFIG = common.define_config()
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: runs/<env>-<scheduler>-<time>).")
 _PROGRESS = flags.DEFINE_bool("progress", True, "Show the progress bar.")
 
@@ -35,7 +33,7 @@ def default_workdir(cfg) -> str:
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     common.fail(f"unexpected arguments {argv[1:]}; use --config.<key>=<value> flags")
-  cfg = _CONFIG.value
+  cfg = common.config_value(_CONFIG)
   common.enable_compilation_cache()
   from ebrl.scheduler import make_scheduler  # pylint: disable=g-import-not-at-top
   from ebrl.trainer import Trainer

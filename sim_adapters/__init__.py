@@ -39,12 +39,19 @@ def check_env_name(name: str) -> None:
 
 
 def make_adapter(name: str, num_envs: int, *, batch_size: int | None = None, num_threads: int = 0,
-                 thread_affinity_offset: int = -1, seed: int = 0, max_episode_steps: int = 0):
-  """Builds the adapter for `name` (checked first, so errors come before any work)."""
+                 thread_affinity_offset: int = -1, seed: int = 0, max_episode_steps: int = 0,
+                 from_pixels: bool = False, render_size: int = 64):
+  """Builds the adapter for `name` (checked first, so errors come before any work).
+
+  No env is reset here: the first reset happens when a scheduler starts, so a
+  policy/observation mismatch is reported before any simulation or rendering.
+  """
   check_env_name(name)
   kwargs = dict(batch_size=batch_size, num_threads=num_threads,
                 thread_affinity_offset=thread_affinity_offset, seed=seed,
                 max_episode_steps=max_episode_steps)
+  if from_pixels:
+    kwargs.update(from_pixels=True, render_width=render_size, render_height=render_size)
   if name.startswith("MetaWorld/"):
     # The MT1 convention: the goal is part of the observation.
     kwargs["partially_observable"] = False

@@ -35,6 +35,10 @@ from sim_adapters.base import EnvSpec, Obs, ObsSpec, StepBatch
 _SUCCESS_KEYS = ("success", "is_success", "reward_success")
 
 
+class UnsupportedEnvError(ValueError):
+  """An env EnvPool has but EBRL cannot train on (e.g. discrete actions)."""
+
+
 def _obs_layout(space) -> tuple[dict[str, ObsSpec], list[str] | None]:
   """Returns the adapter's obs spec and, for flattened Dicts, the key order."""
   if hasattr(space, "spaces"):  # gymnasium.spaces.Dict
@@ -83,7 +87,12 @@ class EnvPoolAdapter:
     )
     obs_spec, self._flat_keys = _obs_layout(self._pool.observation_space)
     action_space = self._pool.action_space
-    self._success_key: str | None = None
+    if not hasattr(action_space, "low"):
+      self._pool.close()
+      raise UnsupportedEnvError(f"env '{name}' has {action_space} actions; EBRL policies act in continuous "
+                                "(Box) action spaces such as MetaWorld, MuJoCo, DM Control and Playground tasks")
+    info_keys = [k.split(":", 1)[1] for k in self._pool.spec._state_keys if k.startswith("info:")]  # pylint: disable=protected-access
+    self._success_key = next((k for k in _SUCCESS_KEYS if k in info_keys), None)
     self.spec = EnvSpec(
         name=name,
         obs=obs_spec,
@@ -91,21 +100,13 @@ class EnvPoolAdapter:
         action_low=np.asarray(action_space.low, np.float32).reshape(-1),
         action_high=np.asarray(action_space.high, np.float32).reshape(-1),
         max_episode_steps=int(self._pool.spec.config.max_episode_steps),
-        has_success=self._probe_success_key(),
+        has_success=self._success_key is not None,
     )
     self._action_dtype = action_space.dtype
     self._prev_done = np.ones(num_envs, bool)  # Next row of each env is a reset.
     self._needs_reset = np.zeros(num_envs, bool)
     self._stash: list[StepBatch] = []
     self.nan_resets = 0
-
-  def _probe_success_key(self) -> bool:
-    _, info = self._pool.reset()
-    for key in _SUCCESS_KEYS:
-      if key in info:
-        self._success_key = key
-        return True
-    return False
 
   # -- conversion ------------------------------------------------------------
 

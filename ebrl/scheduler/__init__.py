@@ -7,4 +7,7 @@ def make_scheduler(name: str, trainer):
   if name == "sync":
     from ebrl.scheduler.sync import SyncScheduler
     return SyncScheduler(trainer)
+  if name == "random":
+    from ebrl.scheduler.random_actions import RandomScheduler
+    return RandomScheduler(trainer)
   raise ValueError(f"unknown scheduler '{name}'")

@@ -29,7 +29,7 @@ class SyncScheduler:
       first = gather_all(adapter, n)
     t.tracker.observe(first)
     obs = first.obs
-    while t.env_steps < total_env_steps:
+    while not t.should_stop(total_env_steps):
       for step in range(horizon):
         with clock.stage("gen"):
           acts, version = sampler.act(obs)

@@ -13,10 +13,12 @@ def get_config() -> ml_collections.ConfigDict:
       name="MetaWorld/Reach-v3",
       num_threads=0,  # EnvPool worker threads; 0 = one per usable core.
       max_episode_steps=0,  # 0 = the task's own limit.
+      from_pixels=False,  # Camera images as obs["pixels"] (needs a pixel policy).
+      render_size=64,
   ))
   c.num_envs = 32
   c.rollout_length = 32  # T: steps per env between updates.
-  c.total_env_steps = 1_200_000
+  c.total_env_steps = 600_000
   c.target_success = 0.9
   c.seed = 0
   c.scheduler = "sync"

@@ -1,0 +1,141 @@
+"""Side-by-side throughput benchmark: every named scheduler, same envs, same cores, one run.
+
+  python -m launch.bench --env=MetaWorld/Reach-v3 --policy=mlp \
+      --schedulers=random,sync --seconds=30 --out=bench.json
+
+Each scheduler runs in turn on a fresh adapter and learner built from the same
+config. Its first `--warmup_updates` updates (compiles, first resets) are not
+timed; then it runs for `--seconds`. Reported per scheduler:
+`e2e_env_steps_per_s` (env steps / timed wall, training included),
+`rollout_env_steps_per_s` (env steps / wall not spent waiting on training),
+`stage_busy` (fraction of the window each stage was busy) and `staleness_mean`.
+`ratios` compares schedulers as A_over_B for every pair that ran.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import tempfile
+import time
+
+from absl import flags
+
+from launch import common
+
+_ENV = flags.DEFINE_string("env", "MetaWorld/Reach-v3", "Env name.")
+_POLICY = flags.DEFINE_string("policy", "mlp", "Policy name.")
+_SCHEDULERS = flags.DEFINE_list("schedulers", ["random", "sync"], "Schedulers to compare, in run order.")
+_SECONDS = flags.DEFINE_float("seconds", 30.0, "Timed seconds per scheduler.")
+_WARMUP = flags.DEFINE_integer("warmup_updates", 3, "Untimed updates before the window opens.")
+_NUM_ENVS = flags.DEFINE_integer("num_envs", None, "Envs (default: the config's).")
+_OUT = flags.DEFINE_string("out", "bench.json", "Where to write the JSON results.")
+_CONFIG = common.define_config(help_text="Base run config; --config.<key>=<value> overrides apply to every scheduler.")
+
+# Ratios worth reporting, as (numerator, denominator), when both ran.
+_RATIO_PAIRS = (("sync", "random"), ("ebrl", "sync"), ("ebrl", "pipelined"), ("ebrl", "random"),
+                ("pipelined", "sync"))
+
+
+def machine_info() -> dict:
+  import jax  # pylint: disable=g-import-not-at-top
+
+  cpu = platform.processor()
+  try:
+    with open("/proc/cpuinfo") as f:
+      cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), cpu)
+  except OSError:
+    pass
+  return {"cpu": cpu, "usable_cores": len(os.sched_getaffinity(0)), "python": platform.python_version(),
+          "jax": jax.__version__, "devices": [str(d) for d in jax.devices()],
+          "date": datetime.datetime.now().isoformat(timespec="seconds")}
+
+
+class _Window:
+  """Opens the timed window after the warm-up updates and closes it at the deadline."""
+
+  def __init__(self, warmup: int, seconds: float):
+    self.warmup, self.seconds, self.updates = warmup, seconds, 0
+    self.start = None
+
+  def __call__(self, trainer) -> None:
+    self.updates += 1
+    if self.updates == self.warmup:
+      self.start = (time.perf_counter(), trainer.env_steps, trainer.clock.snapshot())
+      trainer.deadline = time.time() + self.seconds
+
+  def result(self, trainer, end: tuple) -> dict:
+    t0, s0, c0 = self.start
+    t1, s1, c1 = end
+    wall = t1 - t0
+    busy = {k: (c1[k] - c0[k]) / wall for k in ("sim", "gen", "train")}
+    steps = s1 - s0
+    return {"env_steps": steps, "window_s": wall, "e2e_env_steps_per_s": steps / wall,
+            "rollout_env_steps_per_s": steps / max(wall * (1.0 - busy["train"]), 1e-9),
+            "stage_busy": busy, "staleness_mean": trainer.staleness_mean()}
+
+
+def run_one(name: str, base_cfg, workdir: str) -> dict:
+  from ebrl.scheduler import make_scheduler  # pylint: disable=g-import-not-at-top
+  from ebrl.trainer import Trainer
+
+  cfg = base_cfg.copy_and_resolve_references()
+  cfg.scheduler = name
+  cfg.total_env_steps = 10**12  # The window's deadline ends the run.
+  cfg.checkpoint_every_s = 1e9
+  trainer = Trainer(cfg, workdir, progress=False)
+  window = _Window(_WARMUP.value, _SECONDS.value)
+  trainer.update_hooks.append(window)
+  make_scheduler(name, trainer).run(cfg.total_env_steps)
+  end = (time.perf_counter(), trainer.env_steps, trainer.clock.snapshot())
+  if window.start is None:
+    raise RuntimeError(f"scheduler {name} ended before its warm-up finished")
+  result = window.result(trainer, end)
+  trainer.finish()
+  return result
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  common.enable_compilation_cache()
+  from ebrl import config as config_lib
+  from ebrl.errors import UserError
+
+  base = common.config_value(_CONFIG)
+  base.env.name = _ENV.value
+  base.policy.name = _POLICY.value
+  if _NUM_ENVS.value:
+    base.num_envs = _NUM_ENVS.value
+  for name in _SCHEDULERS.value:
+    if name not in config_lib.SCHEDULERS:
+      raise UserError(f"unknown scheduler '{name}'; valid: {', '.join(config_lib.SCHEDULERS)}")
+  if _SECONDS.value <= 0:
+    raise UserError(f"--seconds={_SECONDS.value} must be positive")
+  import jax  # pylint: disable=g-import-not-at-top
+  config_lib.validate(base, jax.local_device_count())
+
+  results = {}
+  with tempfile.TemporaryDirectory(prefix="ebrl-bench-") as tmp:
+    for name in _SCHEDULERS.value:
+      print(f"[bench] {name}: warm-up, then {_SECONDS.value:.0f} s timed", flush=True)
+      results[name] = run_one(name, base, os.path.join(tmp, name))
+  ratios = {f"{a}_over_{b}": results[a]["e2e_env_steps_per_s"] / results[b]["e2e_env_steps_per_s"]
+            for a, b in _RATIO_PAIRS if a in results and b in results}
+  out = {"env": _ENV.value, "policy": _POLICY.value, "num_envs": base.num_envs, "seconds": _SECONDS.value,
+         "machine": machine_info(), "results": results, "ratios": ratios}
+  with open(_OUT.value, "w") as f:
+    json.dump(out, f, indent=2)
+  print(f"\n{'scheduler':<12}{'e2e steps/s':>14}{'rollout steps/s':>18}{'sim':>7}{'gen':>7}{'train':>7}")
+  for name, r in results.items():
+    b = r["stage_busy"]
+    print(f"{name:<12}{r['e2e_env_steps_per_s']:>14,.0f}{r['rollout_env_steps_per_s']:>18,.0f}"
+          f"{b['sim']:>7.2f}{b['gen']:>7.2f}{b['train']:>7.2f}")
+  for k, v in ratios.items():
+    print(f"{k} = {v:.3f}")
+  print(f"written {_OUT.value}")
+
+
+if __name__ == "__main__":
+  common.run(main)

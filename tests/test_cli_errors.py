@@ -1,0 +1,46 @@
+"""Every user mistake gets one line on stderr and exit code 2, before any compile."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+CASES = {
+    "unknown_env": (["--config.env.name=MetaWorld/Reach-v2"], "MetaWorld/Reach-v3"),
+    "unknown_policy": (["--config.policy.name=transformer"], "valid: mlp"),
+    "unknown_scheduler": (["--config.scheduler=fastest"], "valid: sync"),
+    "unknown_config_key": (["--config.num_env=8"], "num_env"),
+    "bad_value_type": (["--config.num_envs=many"], "num_envs"),
+    "non_positive_envs": (["--config.num_envs=0"], "num_envs=0"),
+    "negative_steps": (["--config.total_env_steps=-5"], "total_env_steps=-5"),
+    "non_divisible_minibatches": (["--config.algorithm.num_minibatches=3"], "num_minibatches=3"),
+    "mt10_not_multiple_of_10": (["--config.env.name=MetaWorld/MT10", "--config.num_envs=32"], "multiple of 10"),
+    "policy_cannot_read_obs": (["--config.env.from_pixels=True"], "policy 'mlp' needs observation key(s) ['state']"),
+    "discrete_action_env": (["--config.env.name=Pong-v5"], "continuous"),
+    "unwritable_workdir": (["--workdir=/proc/ebrl-run"], "/proc/ebrl-run"),
+    "missing_config_file": (["--config=launch/configs/nope.py"], "nope.py"),
+    "positional_argument": (["train-now"], "unexpected arguments"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_input_is_one_line_exit_2(case, tmp_path):
+  args, expected = CASES[case]
+  if not any(a.startswith("--workdir") for a in args):
+    args = args + [f"--workdir={tmp_path / 'run'}"]
+  env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
+  proc = subprocess.run([sys.executable, "-m", "launch.train", "--progress=false", *args], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  lines = [l for l in proc.stderr.splitlines() if l.strip()]
+  assert len(lines) == 1, proc.stderr
+  assert lines[0].startswith("error: ")
+  assert expected in lines[0]
+  assert "Traceback" not in proc.stderr + proc.stdout
+  # Nothing was trained: no checkpoint was written.
+  assert not (tmp_path / "run" / "checkpoints").exists()

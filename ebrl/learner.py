@@ -93,7 +93,11 @@ class Learner:
   def _update_fn(self, state: TrainState, ro: Rollout) -> tuple[TrainState, dict]:
     cfg, policy = self.cfg, self.policy
     rewards = ro.rewards * cfg.reward_scale
-    adv, returns = gae(rewards, ro.values, ro.terminated, ro.done, cfg.gamma, cfg.gae_lambda)
+    # An invalid next sample (a reset forced after non-finite physics) must not feed
+    # its advantage back; automatic resets already follow a `done` step.
+    next_valid = jnp.concatenate([ro.valid[1:], jnp.ones_like(ro.valid[:1])])
+    cut = ro.done | ~next_valid
+    adv, returns = gae(rewards, ro.values, ro.terminated, cut, cfg.gamma, cfg.gae_lambda)
     flat = lambda x: x.reshape((-1,) + x.shape[2:])
     data = dict(obs=jax.tree.map(flat, ro.obs), actions=flat(ro.actions), logp=flat(ro.logp),
                 values=flat(ro.values[:-1]), adv=flat(adv), returns=flat(returns),

@@ -1,0 +1,313 @@
+"""Numerical checks of GAE, the PPO loss, the Gaussian head and the normaliser.
+
+Every check compares the library against an independent reference written here
+in NumPy (float64), or against exact hand-computed numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from ebrl import normalizer
+from ebrl.algorithms.gae import gae
+from ebrl.algorithms.ppo import PPOConfig, ppo_loss
+from policies.mlp import gaussian_entropy, gaussian_logp
+
+# ----------------------------------------------------------------------------- GAE
+
+
+def np_gae(rewards, values, terminated, truncated, gamma, lam):
+  """Backward loop over t, written from the textbook definition."""
+  rewards, values = np.asarray(rewards, np.float64), np.asarray(values, np.float64)
+  t_len, n = rewards.shape
+  adv = np.zeros((t_len, n))
+  for j in range(n):
+    next_adv = 0.0
+    for t in reversed(range(t_len)):
+      done = terminated[t, j] or truncated[t, j]
+      bootstrap = 0.0 if terminated[t, j] else gamma * values[t + 1, j]
+      delta = rewards[t, j] + bootstrap - values[t, j]
+      next_adv = delta + (0.0 if done else gamma * lam * next_adv)
+      adv[t, j] = next_adv
+  return adv, adv + values[:-1]
+
+
+@pytest.fixture(scope="module")
+def gae_fn():
+  return jax.jit(gae, static_argnames=("gamma", "lam"))
+
+
+@pytest.mark.parametrize("gamma,lam", [(0.99, 0.95), (0.9, 1.0), (0.8, 0.0)])
+def test_gae_matches_numpy_reference(gae_fn, gamma, lam):
+  rng = np.random.default_rng(0)
+  t_len, n = 16, 6
+  rewards = rng.normal(size=(t_len, n)).astype(np.float32)
+  values = rng.normal(size=(t_len + 1, n)).astype(np.float32)
+  terminated = rng.random((t_len, n)) < 0.15
+  truncated = (rng.random((t_len, n)) < 0.15) & ~terminated
+  assert terminated.any() and truncated.any()
+  done = terminated | truncated
+  adv, ret = gae_fn(rewards, values, terminated, done, gamma=gamma, lam=lam)
+  ref_adv, ref_ret = np_gae(rewards, values, terminated, truncated, gamma, lam)
+  assert adv.shape == ret.shape == (t_len, n)
+  np.testing.assert_allclose(adv, ref_adv, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(ret, ref_ret, rtol=1e-5, atol=1e-5)
+
+
+def test_gae_hand_computed(gae_fn):
+  # T=3, gamma=0.5, lam=1; column 0: no boundary, column 1: terminated at t=1,
+  # column 2: truncated at t=1 (bootstraps values[2] = 3, stops propagation).
+  rewards = np.array([[1.0] * 3, [2.0] * 3, [3.0] * 3], np.float32)
+  values = np.array([[1.0] * 3, [2.0] * 3, [3.0] * 3, [4.0] * 3], np.float32)
+  terminated = np.array([[0, 0, 0], [0, 1, 0], [0, 0, 0]], bool)
+  done = np.array([[0, 0, 0], [0, 1, 1], [0, 0, 0]], bool)
+  adv, ret = gae_fn(rewards, values, terminated, done, gamma=0.5, lam=1.0)
+  # Column 0: deltas (1, 1.5, 2) -> adv (2.25, 2.5, 2); returns = 1 + .5*2 + .25*3 + .125*4.
+  # Column 1: deltas (1, 0, 2) -> adv (1, 0, 2).
+  # Column 2: deltas (1, 1.5, 2) -> adv (1.75, 1.5, 2).
+  np.testing.assert_array_equal(adv, [[2.25, 1.0, 1.75], [2.5, 0.0, 1.5], [2.0, 2.0, 2.0]])
+  np.testing.assert_array_equal(ret, [[3.25, 2.0, 2.75], [4.5, 2.0, 3.5], [5.0, 5.0, 5.0]])
+
+
+def test_gae_lambda_one_is_discounted_return(gae_fn):
+  # With lam=1 and no boundaries the return target is the bootstrapped discounted reward sum.
+  rng = np.random.default_rng(1)
+  rewards = rng.normal(size=(5, 2)).astype(np.float32)
+  values = rng.normal(size=(6, 2)).astype(np.float32)
+  no = np.zeros((5, 2), bool)
+  _, ret = gae_fn(rewards, values, no, no, gamma=0.9, lam=1.0)
+  disc = 0.9 ** np.arange(5)
+  expected = [np.sum(disc[:5 - t, None] * rewards[t:], 0) + 0.9 ** (5 - t) * values[5] for t in range(5)]
+  np.testing.assert_allclose(ret, np.stack(expected), rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- PPO
+
+
+def np_ppo(cfg, logp, entropy, value, old_logp, old_value, advantages, returns, mask):
+  f64 = lambda x: np.asarray(x, np.float64)
+  logp, entropy, value, old_logp, old_value, adv, returns = map(
+      f64, (logp, entropy, value, old_logp, old_value, advantages, returns))
+  sel = np.asarray(mask) > 0
+  if cfg.normalize_advantages:
+    a = adv[sel]
+    adv = (adv - a.mean()) / (a.std() + 1e-8)  # population std over valid samples
+  ratio = np.exp(logp - old_logp)
+  unclipped = ratio * adv
+  clipped = np.clip(ratio, 1 - cfg.clip_eps, 1 + cfg.clip_eps) * adv
+  pg = -np.minimum(unclipped, clipped)
+  v_err = (value - returns) ** 2
+  if cfg.value_clip_eps > 0:
+    v_clip = old_value + np.clip(value - old_value, -cfg.value_clip_eps, cfg.value_clip_eps)
+    v_err = np.maximum(v_err, (v_clip - returns) ** 2)
+  policy_loss = pg[sel].mean()
+  value_loss = 0.5 * v_err[sel].mean()
+  ent = entropy[sel].mean()
+  log_ratio = logp - old_logp
+  metrics = dict(
+      policy_loss=policy_loss,
+      value_loss=value_loss,
+      entropy=ent,
+      approx_kl=(ratio[sel] - 1.0 - log_ratio[sel]).mean(),
+      clip_fraction=(np.abs(ratio[sel] - 1.0) > cfg.clip_eps).mean(),
+  )
+  loss = policy_loss + cfg.vf_coef * value_loss - cfg.ent_coef * ent
+  return loss, metrics
+
+
+def ppo_inputs(seed, b=64):
+  rng = np.random.default_rng(seed)
+  f32 = lambda x: np.asarray(x, np.float32)
+  old_logp = f32(rng.normal(-2.0, 1.0, b))
+  logp = f32(old_logp + rng.normal(0.0, 0.3, b))  # many ratios outside [0.8, 1.2]
+  old_value = f32(rng.normal(0.0, 1.0, b))
+  value = f32(old_value + rng.normal(0.0, 0.5, b))
+  return dict(logp=logp, entropy=f32(rng.normal(1.0, 0.2, b)), value=value, old_logp=old_logp,
+              old_value=old_value, advantages=f32(rng.normal(0.5, 2.0, b)),
+              returns=f32(rng.normal(0.0, 1.5, b)), mask=f32(rng.random(b) < 0.7))
+
+
+_CONFIGS = {
+    "plain": PPOConfig(value_clip_eps=0.0, normalize_advantages=False, ent_coef=0.01),
+    "norm": PPOConfig(value_clip_eps=0.0, normalize_advantages=True),
+    "vclip": PPOConfig(value_clip_eps=0.2, normalize_advantages=False, vf_coef=0.7),
+    "vclip_norm": PPOConfig(clip_eps=0.1, value_clip_eps=0.3, normalize_advantages=True, ent_coef=0.05),
+}
+
+
+@pytest.fixture(scope="module")
+def ppo_fns():
+  return {name: jax.jit(functools.partial(ppo_loss, cfg)) for name, cfg in _CONFIGS.items()}
+
+
+def _check_ppo(out, ref):
+  loss, metrics = out
+  ref_loss, ref_metrics = ref
+  np.testing.assert_allclose(loss, ref_loss, rtol=1e-5, atol=1e-6)
+  assert set(metrics) == set(ref_metrics)
+  for k, v in ref_metrics.items():
+    np.testing.assert_allclose(metrics[k], v, rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+@pytest.mark.parametrize("name", sorted(_CONFIGS))
+def test_ppo_loss_matches_numpy_reference(ppo_fns, name):
+  cfg = _CONFIGS[name]
+  x = ppo_inputs(seed=3)
+  ref = np_ppo(cfg, **x)
+  # The data really exercises the clipped branches.
+  assert 0.1 < ref[1]["clip_fraction"] < 0.9
+  if cfg.value_clip_eps > 0:
+    no_vclip = np_ppo(dataclasses.replace(cfg, value_clip_eps=0.0), **x)
+    assert ref[1]["value_loss"] > no_vclip[1]["value_loss"] + 1e-3
+  _check_ppo(ppo_fns[name](**x), ref)
+
+
+@pytest.mark.parametrize("name", sorted(_CONFIGS))
+def test_ppo_loss_ignores_masked_samples(ppo_fns, name):
+  x = ppo_inputs(seed=4)
+  rng = np.random.default_rng(5)
+  out = (x["mask"] == 0)
+  assert out.sum() > 5
+  y = dict(x)
+  for k, scale in [("logp", 5.0), ("old_logp", 5.0), ("entropy", 100.0), ("value", 100.0),
+                   ("old_value", 100.0), ("advantages", 1000.0), ("returns", 100.0)]:
+    y[k] = np.where(out, rng.normal(0.0, scale, out.shape), x[k]).astype(np.float32)
+  a, b = ppo_fns[name](**x), ppo_fns[name](**y)
+  np.testing.assert_array_equal(a[0], b[0])
+  for k in a[1]:
+    np.testing.assert_array_equal(a[1][k], b[1][k], err_msg=k)
+  # ... and equals the loss over the valid samples alone.
+  sel = ~out
+  sub = {k: v[sel] for k, v in x.items()}
+  _check_ppo(a, np_ppo(_CONFIGS[name], **sub))
+
+
+def test_ppo_loss_all_masked_is_zero(ppo_fns):
+  x = ppo_inputs(seed=6)
+  x["mask"] = np.zeros_like(x["mask"])
+  loss, metrics = ppo_fns["vclip_norm"](**x)
+  assert float(loss) == 0.0
+  for k, v in metrics.items():
+    assert float(v) == 0.0, k
+
+
+def test_ppo_ratio_one_gives_zero_kl_and_no_clipping(ppo_fns):
+  x = ppo_inputs(seed=7)
+  x["logp"] = x["old_logp"]
+  loss, metrics = ppo_fns["norm"](**x)
+  assert float(metrics["approx_kl"]) == 0.0
+  assert float(metrics["clip_fraction"]) == 0.0
+  # Normalised advantages have zero mean over valid samples, so the policy term is ~0.
+  np.testing.assert_allclose(metrics["policy_loss"], 0.0, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- Gaussian head
+
+
+def test_gaussian_logp_and_entropy_match_scipy():
+  rng = np.random.default_rng(8)
+  b, a = 7, 3
+  mean = rng.normal(size=(b, a)).astype(np.float32)
+  log_std = rng.normal(-0.5, 0.6, size=(a,)).astype(np.float32)
+  action = (mean + rng.normal(size=(b, a)) * 2.0).astype(np.float32)
+  std = np.exp(log_std.astype(np.float64))
+  ref_logp = sps.norm.logpdf(action.astype(np.float64), loc=mean.astype(np.float64), scale=std).sum(-1)
+  mvn = [sps.multivariate_normal(mean[i].astype(np.float64), np.diag(std ** 2)) for i in range(b)]
+  ref_logp_mvn = np.array([m.logpdf(action[i].astype(np.float64)) for i, m in enumerate(mvn)])
+  np.testing.assert_allclose(ref_logp, ref_logp_mvn, rtol=1e-10)
+
+  logp = gaussian_logp(jnp.asarray(action), jnp.asarray(mean), jnp.asarray(log_std))
+  assert logp.shape == (b,)
+  np.testing.assert_allclose(logp, ref_logp, rtol=1e-5, atol=1e-5)
+
+  ent = gaussian_entropy(jnp.asarray(log_std), (2, b))
+  assert ent.shape == (2, b)
+  ref_ent = sps.norm.entropy(scale=std).sum()
+  np.testing.assert_allclose(ref_ent, mvn[0].entropy(), rtol=1e-10)
+  np.testing.assert_allclose(ent, np.full((2, b), ref_ent), rtol=1e-6, atol=1e-6)
+
+
+def test_gaussian_logp_broadcasts_batch_dims():
+  rng = np.random.default_rng(9)
+  mean = rng.normal(size=(4, 5, 2)).astype(np.float32)
+  log_std = np.array([0.3, -1.2], np.float32)
+  action = rng.normal(size=(4, 5, 2)).astype(np.float32)
+  logp = gaussian_logp(jnp.asarray(action), jnp.asarray(mean), jnp.asarray(log_std))
+  ref = sps.norm.logpdf(action.astype(np.float64), loc=mean.astype(np.float64),
+                        scale=np.exp(log_std.astype(np.float64))).sum(-1)
+  assert logp.shape == (4, 5)
+  np.testing.assert_allclose(logp, ref, rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- normaliser
+
+
+@pytest.fixture(scope="module")
+def update_fn():
+  return jax.jit(normalizer.update_stats)
+
+
+def test_update_stats_matches_numpy_over_weighted_rows(update_fn):
+  rng = np.random.default_rng(10)
+  d = 5
+  stats = normalizer.init_stats(d)
+  rows = []
+  for i in range(4):
+    x = (rng.normal(size=(3, 4, d)) * rng.uniform(0.5, 3.0, d) + rng.uniform(-4, 4, d)).astype(np.float32)
+    w = rng.random((3, 4)) < 0.6
+    if i == 2:
+      w[:] = False  # a batch with no valid rows leaves the statistics alone
+    before = stats
+    stats = update_fn(stats, x, w)
+    if i == 2:
+      for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(stats)):
+        np.testing.assert_array_equal(a, b)
+    rows.append(x.reshape(-1, d)[w.reshape(-1)])
+    # The statistics after every batch equal those of all weighted-in rows so far.
+    allx = np.concatenate(rows).astype(np.float64)
+    np.testing.assert_allclose(stats.mean, allx.mean(0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(stats.var, allx.var(0), rtol=1e-5, atol=1e-5)
+    assert float(stats.count) == allx.shape[0]
+  # Rows of an unweighted update all count.
+  x = rng.normal(2.0, 0.5, size=(6, d)).astype(np.float32)
+  stats = jax.jit(normalizer.update_stats)(stats, x)
+  allx = np.concatenate(rows + [x]).astype(np.float64)
+  np.testing.assert_allclose(stats.mean, allx.mean(0), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(stats.var, allx.var(0), rtol=1e-5, atol=1e-5)
+  assert float(stats.count) == allx.shape[0]
+
+
+def test_update_stats_single_rows_equal_one_batch(update_fn):
+  rng = np.random.default_rng(11)
+  x = rng.normal(1.0, 2.0, size=(12, 3)).astype(np.float32)
+  w = np.ones(1, bool)
+  one_by_one = normalizer.init_stats(3)
+  for row in x:
+    one_by_one = update_fn(one_by_one, row[None], w)
+  batch = update_fn(normalizer.init_stats(3), x[:, None], np.ones((12, 1), bool))
+  np.testing.assert_allclose(one_by_one.mean, batch.mean, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(one_by_one.var, batch.var, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(batch.var, x.astype(np.float64).var(0), rtol=1e-5)
+
+
+def test_normalize_standardises_and_clips():
+  mean = np.array([0.0, 1.0, -2.0, 0.5], np.float32)
+  var = np.array([1.0, 4.0, 1e-4, 0.25], np.float32)
+  stats = normalizer.RunningStats(jnp.asarray(mean), jnp.asarray(var), jnp.asarray(10.0))
+  x = np.array([[0.5, 3.0, -2.0005, 0.0],
+                [50.0, -100.0, -1.0, 0.75],
+                [-11.0, 1.0, -3.0, 100.0]], np.float32)
+  ref = (x.astype(np.float64) - mean) / np.sqrt(var.astype(np.float64) + 1e-8)
+  out = np.asarray(normalizer.normalize(stats, jnp.asarray(x)))
+  np.testing.assert_allclose(out, np.clip(ref, -10.0, 10.0), rtol=1e-5, atol=1e-5)
+  assert out.max() == 10.0 and out.min() == -10.0
+  assert (np.abs(ref) > 10).sum() >= 4  # several entries really were clipped
+  out5 = np.asarray(normalizer.normalize(stats, jnp.asarray(x), clip=5.0))
+  np.testing.assert_allclose(out5, np.clip(ref, -5.0, 5.0), rtol=1e-5, atol=1e-5)

@@ -11,8 +11,9 @@ Observation order (documented contract):
   every other key is kept under its own name (e.g. `privileged_state` for an
   asymmetric critic);
 * any other Dict observation is flattened into `state` by concatenating its
-  keys in the observation space's order (alphabetical, e.g. DM Control's
-  `position` then `velocity`);
+  keys in the observation space's order (DM Control's own order, e.g.
+  CartpoleBalance's `position` then `velocity`, WalkerWalk's `orientations`,
+  `height`, `velocity`);
 * an observation with more than one axis that is not a Dict (Atari frames) is
   kept as `pixels` with its own dtype.
 
@@ -133,6 +134,9 @@ class EnvPoolAdapter:
     else:
       success = np.full(env_ids.shape, np.nan, np.float32)
     reset_step = self._prev_done[env_ids].copy()
+    # EnvPool leaves the reward of a reset row unwritten (DM Control: whatever was
+    # in memory); no transition led there, so its reward is 0 by definition.
+    reward[reset_step] = 0.0
     # Non-finite physics: end the episode here, reset the env on its next send.
     finite = np.isfinite(reward)
     for v in obs.values():
@@ -144,7 +148,8 @@ class EnvPoolAdapter:
       for v in obs.values():
         v[bad] = 0
       reward[bad] = 0.0
-      success[bad] = 0.0
+      if self._success_key is not None:
+        success[bad] = 0.0
       truncated[bad] = True
       reset_step[bad] = True
       self._needs_reset[env_ids[bad]] = True
@@ -166,10 +171,12 @@ class EnvPoolAdapter:
       reset_ids = env_ids[redo]
       self._needs_reset[reset_ids] = False
       self._prev_done[reset_ids] = True
-      # EnvPool's public reset of a subset also waits for a batch; in sync mode
-      # a reset and a step may not share one request, so collect it now.
       self._pool._reset(reset_ids)  # pylint: disable=protected-access
-      self._stash.append(self._to_batch(self._pool.recv()))
+      if not self.is_async:
+        # In sync mode a reset and a step may not share one request: collect the
+        # reset now and hand it out with the next recv. In async mode the reset
+        # rows simply come back through a later recv, like any ready env.
+        self._stash.append(self._to_batch(self._pool.recv()))
       env_ids, actions = env_ids[~redo], actions[~redo]
       if not len(env_ids):
         return

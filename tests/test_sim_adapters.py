@@ -1,0 +1,488 @@
+"""The SimAdapter contract (sim_adapters/base.py) for every env family EBRL drives.
+
+Every adapter comes from `sim_adapters.make_adapter`, with 2-4 envs (10-20 for
+MT10). Async tests drive the raw EnvPool through `_PoolGuard`, which checks
+EnvPool's own rule (never send to or reset an env that is still in flight) and
+raises where a raw `recv` could only block forever, so a misuse fails the test
+instead of hanging or crashing the test process. The same guard injects NaN
+into one raw row (observation or reward) to exercise the non-finite guard.
+"""
+
+from __future__ import annotations
+
+import envpool
+import numpy as np
+import pytest
+
+from sim_adapters import UnknownEnvError, check_env_name, make_adapter
+from sim_adapters.envpool_adapter import gather_all
+
+F32 = np.dtype(np.float32)
+
+# name, num_envs, action_dim, state_dim, extra obs keys, has_success
+FAMILIES = [
+    ("MetaWorld/Reach-v3", 3, 4, 39, (), True),
+    ("MetaWorld/Push-v3", 3, 4, 39, (), True),
+    ("MetaWorld/MT10", 10, 4, 39, ("task",), True),
+    ("PandaPickCube-v1", 2, 8, 66, (), True),
+    ("PandaOpenCabinet-v1", 2, 8, 55, (), True),
+    ("LeapCubeReorient-v1", 2, 16, 57, ("privileged_state",), True),
+    ("Go1JoystickFlatTerrain-v1", 2, 12, 48, ("privileged_state",), False),
+    ("Ant-v4", 2, 8, 27, (), False),
+    ("HalfCheetah-v4", 2, 6, 17, (), False),
+    ("CartpoleBalance-v1", 2, 1, 5, (), False),
+    ("WalkerWalk-v1", 2, 6, 24, (), False),
+]
+
+
+@pytest.fixture
+def make():
+  """make_adapter, closing every adapter it built when the test ends."""
+  made = []
+
+  def _make(name, num_envs, **kwargs):
+    adapter = make_adapter(name, num_envs, **kwargs)
+    made.append(adapter)
+    return adapter
+
+  yield _make
+  for adapter in made:
+    adapter.close()
+
+
+def random_actions(spec, n, rng):
+  return rng.uniform(spec.action_low, spec.action_high, size=(n, spec.action_dim)).astype(np.float32)
+
+
+def check_batch(spec, batch, n):
+  """Types and shapes of a StepBatch with n rows, and the success convention."""
+  assert len(batch) == n
+  assert set(batch.obs) == set(spec.obs)
+  for key, obs_spec in spec.obs.items():
+    v = batch.obs[key]
+    assert v.dtype == F32, key
+    assert v.shape == (n, *obs_spec.shape), key
+    assert np.isfinite(v).all(), key
+  assert batch.reward.dtype == F32 and batch.reward.shape == (n,)
+  assert np.isfinite(batch.reward).all()
+  for field in (batch.terminated, batch.truncated, batch.reset_step):
+    assert field.dtype == np.bool_ and field.shape == (n,)
+  assert batch.env_ids.dtype == np.int32 and batch.env_ids.shape == (n,)
+  assert batch.success.dtype == F32 and batch.success.shape == (n,)
+  if spec.has_success:
+    assert np.isin(batch.success, (0.0, 1.0)).all(), batch.success
+  else:
+    assert np.isnan(batch.success).all(), batch.success
+
+
+class _PoolGuard:
+  """Wraps an adapter's raw EnvPool: in-flight bookkeeping plus one-shot NaN injection."""
+
+  def __init__(self, adapter):
+    self.pool = adapter._pool  # pylint: disable=protected-access
+    self.num_envs = adapter.num_envs
+    self.batch_size = adapter.batch_size
+    self.is_async = adapter.is_async
+    self.in_flight: set[int] = set()
+    self.poisoned: list[int] = []  # env ids whose raw row got a NaN
+    self._poison_next = None
+    self._orig = {k: getattr(self.pool, k) for k in ("_reset", "send", "recv")}
+    self.pool._reset = self._reset
+    self.pool.send = self._send
+    self.pool.recv = self._recv
+
+  def _start(self, env_ids, what):
+    ids = [int(i) for i in np.asarray(env_ids).reshape(-1)]
+    busy = sorted(set(ids) & self.in_flight)
+    assert not busy, f"EnvPool {what} for envs {busy} that are still in flight"
+    self.in_flight.update(ids)
+
+  def _reset(self, env_ids):
+    self._start(env_ids, "reset")
+    return self._orig["_reset"](env_ids)
+
+  def _send(self, action, env_id=None):
+    self._start(np.arange(self.num_envs) if env_id is None else env_id, "send")
+    return self._orig["send"](action, env_id)
+
+  def _recv(self, *args, **kwargs):
+    need = self.batch_size if self.is_async else 1
+    assert len(self.in_flight) >= need, (
+        f"raw recv would block forever: it waits for {need} envs, {len(self.in_flight)} in flight")
+    out = self._orig["recv"](*args, **kwargs)
+    ids = [int(i) for i in out[-1]["env_id"]]
+    assert set(ids) <= self.in_flight, (ids, self.in_flight)
+    self.in_flight.difference_update(ids)
+    if self._poison_next == "reward":
+      self._poison_next = None
+      self.poisoned.append(ids[0])
+      reward = np.array(out[1], np.float32)
+      reward[0] = np.nan
+      out = (out[0], reward, *out[2:])
+    elif self._poison_next == "obs":
+      self._poison_next = None
+      self.poisoned.append(ids[0])
+      obs = out[0]
+      if isinstance(obs, dict):
+        obs = dict(obs)
+        key = "state" if "state" in obs else next(iter(obs))
+        obs[key] = np.array(obs[key], np.float64)
+        obs[key].reshape(len(ids), -1)[0, 0] = np.nan
+      else:
+        obs = np.array(obs, np.float64)
+        obs.reshape(len(ids), -1)[0, 0] = np.nan
+      out = (obs, *out[1:])
+    return out
+
+  def poison_next_recv(self, field="obs"):
+    """The next raw batch gets a NaN in its first row's observation (or reward)."""
+    self._poison_next = field
+
+
+# -- every family --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name,n,action_dim,state_dim,extra_keys,has_success", FAMILIES,
+                         ids=[f[0] for f in FAMILIES])
+def test_contract(make, name, n, action_dim, state_dim, extra_keys, has_success):
+  adapter = make(name, n)
+  spec = adapter.spec
+  assert adapter.num_envs == n
+  assert spec.name == name
+  assert set(spec.obs) == {"state", *extra_keys}
+  assert spec.obs["state"].shape == (state_dim,)
+  assert spec.obs["state"].dtype == F32
+  for obs_spec in spec.obs.values():
+    assert len(obs_spec.shape) == 1 and obs_spec.shape[0] > 0
+  assert spec.action_dim == action_dim
+  for bound in (spec.action_low, spec.action_high):
+    assert bound.shape == (action_dim,) and bound.dtype == F32 and np.isfinite(bound).all()
+  assert (spec.action_low < spec.action_high).all()
+  assert spec.max_episode_steps > 0
+  assert spec.has_success is has_success
+
+  adapter.reset()
+  first = gather_all(adapter, n)
+  check_batch(spec, first, n)
+  np.testing.assert_array_equal(first.env_ids, np.arange(n))
+  assert first.reset_step.all()
+  assert not first.done.any()
+
+  rng = np.random.default_rng(0)
+  prev = first
+  for _ in range(3):
+    batch = adapter.step(random_actions(spec, n, rng))
+    check_batch(spec, batch, n)
+    np.testing.assert_array_equal(batch.env_ids, np.arange(n))
+    # A row is a reset exactly when that env's previous row ended its episode.
+    np.testing.assert_array_equal(batch.reset_step, prev.done)
+    prev = batch
+  assert not np.array_equal(prev.obs["state"], first.obs["state"]), "the simulation did not move"
+
+
+@pytest.mark.parametrize("name", ["MetaWorld/Reach-v3", "MetaWorld/Push-v3"])
+def test_metaworld_goal_observable(make, name):
+  adapter = make(name, 4)
+  adapter.reset()
+  goal = gather_all(adapter, 4).obs["state"][:, -3:]
+  assert (goal != 0).all(), goal
+  # Each env is seeded differently, so goals are not all equal.
+  assert len(np.unique(goal[:, :2], axis=0)) > 1, goal
+
+
+@pytest.mark.parametrize("name,keys", [
+    ("CartpoleBalance-v1", ("position", "velocity")),
+    ("WalkerWalk-v1", ("orientations", "height", "velocity")),  # the space's order, not sorted
+])
+def test_dmc_dict_obs_flattened_in_space_order(make, name, keys):
+  raw = envpool.make(name, env_type="gymnasium", num_envs=2, seed=0)
+  try:
+    assert tuple(raw.observation_space.spaces) == keys
+    raw_obs, info = raw.reset()
+  finally:
+    raw.close()
+  order = np.argsort(info["env_id"])
+  expected = np.concatenate(
+      [np.asarray(raw_obs[k], np.float32).reshape(2, -1)[order] for k in keys], axis=1)
+  adapter = make(name, 2, seed=0)
+  assert adapter.spec.obs["state"].shape == (expected.shape[1],)
+  adapter.reset()
+  state = gather_all(adapter, 2).obs["state"]
+  assert state.dtype == F32
+  np.testing.assert_array_equal(state, expected)
+  if name == "CartpoleBalance-v1":
+    assert expected.shape == (2, 5)  # position(3) + velocity(2)
+
+
+@pytest.mark.parametrize("name,n,batch_size", [("MetaWorld/Reach-v3", 6, 2), ("MetaWorld/MT10", 20, 10)])
+def test_construction_steps_no_env(make, monkeypatch, name, n, batch_size):
+  """No reset/send/recv before `reset()`: an async pool left with envs in flight breaks EnvPool."""
+  calls = []
+  real_make = envpool.make
+
+  def recording_make(*args, **kwargs):
+    pool = real_make(*args, **kwargs)
+    for method in ("_reset", "send", "recv"):
+      orig = getattr(pool, method)
+      setattr(pool, method, lambda *a, _m=method, _f=orig, **k: (calls.append(_m), _f(*a, **k))[1])
+    return pool
+
+  monkeypatch.setattr(envpool, "make", recording_make)
+  adapter = make(name, n, batch_size=batch_size)
+  assert calls == []
+  adapter.reset()
+  assert len(adapter.recv()) >= 1
+  assert calls == ["_reset"] * (10 if name.endswith("MT10") else 1) + ["recv"]
+
+
+# -- MT10 -------------------------------------------------------------------------
+
+
+def test_mt10_one_env_per_task(make):
+  adapter = make("MetaWorld/MT10", 10)
+  assert adapter.spec.num_tasks == 10
+  assert adapter.spec.obs["task"].shape == (10,)
+  np.testing.assert_array_equal(np.sort(adapter.task_ids), np.arange(10))
+  assert len(adapter.instructions) == 10
+  assert all(isinstance(s, str) and s.strip() for s in adapter.instructions)
+  assert len(set(adapter.instructions)) == 10
+
+  adapter.reset()
+  first = gather_all(adapter, 10)
+  batch = adapter.step(random_actions(adapter.spec, 10, np.random.default_rng(0)))
+  for b in (first, batch):
+    task = b.obs["task"]
+    assert ((task == 0) | (task == 1)).all() and (task.sum(axis=1) == 1).all()
+    np.testing.assert_array_equal(task.argmax(axis=1), adapter.task_ids[b.env_ids])
+  # Goal-observable for every task (WindowClose's goal has x == 0, so not every entry).
+  assert (np.abs(first.obs["state"][:, -3:]).sum(axis=1) > 0).all()
+  # Ten different tasks: ten different initial observations.
+  assert len(np.unique(first.obs["state"], axis=0)) == 10
+
+
+@pytest.mark.parametrize("num_envs", [7, 15])
+def test_mt10_needs_num_envs_divisible_by_ten(num_envs):
+  with pytest.raises(ValueError, match="divisible by 10"):
+    make_adapter("MetaWorld/MT10", num_envs)
+
+
+# -- automatic resets --------------------------------------------------------------
+
+
+def test_time_limit_truncates_then_resets(make):
+  adapter = make("MetaWorld/Reach-v3", 2, max_episode_steps=3)
+  assert adapter.spec.max_episode_steps == 3
+  adapter.reset()
+  first = gather_all(adapter, 2)
+  actions = np.zeros((2, 4), np.float32)
+  rows = [adapter.step(actions) for _ in range(5)]
+  for t in (0, 1):
+    assert not rows[t].done.any() and not rows[t].reset_step.any()
+  assert rows[2].truncated.all() and not rows[2].terminated.any()
+  assert not rows[2].reset_step.any()
+  assert rows[3].reset_step.all() and not rows[3].done.any()
+  assert not rows[4].reset_step.any() and not rows[4].done.any()
+  # Row 3 starts a new episode: a freshly sampled goal.
+  np.testing.assert_array_equal(rows[2].obs["state"][:, -3:], first.obs["state"][:, -3:])
+  assert not np.allclose(rows[3].obs["state"][:, -3:], rows[2].obs["state"][:, -3:])
+
+
+@pytest.mark.parametrize("name,n,env", [("MetaWorld/Reach-v3", 3, 1), ("MetaWorld/MT10", 10, 7)])
+def test_reset_envs(make, name, n, env):
+  adapter = make(name, n)
+  adapter.reset()
+  gather_all(adapter, n)
+  actions = np.zeros((n, adapter.spec.action_dim), np.float32)
+  adapter.step(actions)
+  adapter.reset_envs(np.array([env]))
+  batch = adapter.step(actions)
+  check_batch(adapter.spec, batch, n)
+  np.testing.assert_array_equal(batch.reset_step, np.arange(n) == env)
+  assert not adapter.step(actions).reset_step.any()
+  assert adapter.nan_resets == 0
+
+
+# -- async mode ------------------------------------------------------------------------
+
+
+def _drive_async(adapter, rounds, rng, row_count=None):
+  """send/recv rounds that return what was received; checks in-flight bookkeeping.
+
+  `owed[i]` counts the rows env i still owes (one per reset or send); no env may
+  return a row it does not owe. Returns every received batch.
+  """
+  n = adapter.num_envs
+  owed = np.ones(n, np.int64)  # reset() puts every env in flight once
+  fresh = np.ones(n, bool)  # next row of the env is the first of an episode
+  batches = []
+  batch = None
+  for _ in range(rounds):
+    if batch is not None:
+      adapter.send(random_actions(adapter.spec, len(batch), rng), batch.env_ids)
+      owed[batch.env_ids] += 1
+    batch = adapter.recv()
+    if row_count is not None:
+      assert len(batch) == row_count
+    check_batch(adapter.spec, batch, len(batch))
+    ids = batch.env_ids
+    assert len(np.unique(ids)) == len(ids), ids
+    assert (owed[ids] > 0).all(), f"received {ids} but owed {owed}"
+    owed[ids] -= 1
+    np.testing.assert_array_equal(batch.reset_step, fresh[ids])
+    fresh[ids] = batch.done
+    batches.append(batch)
+  return batches
+
+
+def test_async_recv_returns_only_in_flight_envs(make):
+  adapter = make("MetaWorld/Reach-v3", 6, batch_size=2)
+  assert adapter.is_async
+  guard = _PoolGuard(adapter)
+  adapter.reset()
+  _drive_async(adapter, 20, np.random.default_rng(0), row_count=2)
+  assert len(guard.in_flight) == 4  # envs sent but not received: 6 - the 2 just received
+
+
+def test_mt10_async_recv_returns_only_in_flight_envs(make):
+  adapter = make("MetaWorld/MT10", 20, batch_size=10)
+  guards = [_PoolGuard(sub) for sub in adapter._subs]  # pylint: disable=protected-access
+  assert all(g.is_async for g in guards)
+  np.testing.assert_array_equal(adapter.task_ids, np.repeat(np.arange(10), 2))
+  assert adapter.instructions[::2] == adapter.instructions[1::2]
+  adapter.reset()
+  batches = _drive_async(adapter, 40, np.random.default_rng(0))
+  for b in batches:
+    np.testing.assert_array_equal(b.obs["task"].argmax(axis=1), adapter.task_ids[b.env_ids])
+  # Round robin over the task pools: no task starves.
+  assert {int(i) for b in batches for i in adapter.task_ids[b.env_ids]} == set(range(10))
+  assert sum(len(g.in_flight) for g in guards) == 20 - len(batches[-1])
+
+
+# -- non-finite guard --------------------------------------------------------------------
+
+
+def test_nan_guard_sync(make):
+  adapter = make("MetaWorld/Reach-v3", 3)
+  guard = _PoolGuard(adapter)
+  adapter.reset()
+  first = gather_all(adapter, 3)
+  actions = np.zeros((3, 4), np.float32)
+  guard.poison_next_recv()
+  batch = adapter.step(actions)
+  (bad,) = guard.poisoned
+  others = np.arange(3) != bad
+  check_batch(adapter.spec, batch, 3)  # finite everywhere
+  assert adapter.nan_resets == 1
+  assert (batch.obs["state"][bad] == 0).all()
+  assert batch.reward[bad] == 0
+  assert batch.truncated[bad] and batch.reset_step[bad]
+  assert not batch.truncated[others].any() and not batch.reset_step[others].any()
+
+  batch = adapter.step(actions)
+  check_batch(adapter.spec, batch, 3)
+  np.testing.assert_array_equal(batch.reset_step, ~others)
+  assert not batch.done.any()
+  state = batch.obs["state"][bad]
+  assert state.shape == first.obs["state"][bad].shape
+  assert (state[-3:] != 0).all()  # a real first observation, goal included
+  np.testing.assert_allclose(state[:3], first.obs["state"][bad, :3], atol=0.02)  # hand at its start
+  assert adapter.nan_resets == 1
+
+  batch = adapter.step(actions)
+  assert not batch.reset_step.any() and not batch.done.any()
+  assert adapter.nan_resets == 1
+
+
+@pytest.mark.parametrize("num_envs,batch_size", [
+    (6, 2),
+    (4, 3),  # More envs per batch than idle ones: a reset must not wait for a batch.
+])
+def test_nan_guard_async(make, num_envs, batch_size):
+  adapter = make("MetaWorld/Reach-v3", num_envs, batch_size=batch_size)
+  guard = _PoolGuard(adapter)
+  adapter.reset()
+  rng = np.random.default_rng(0)
+  batch = adapter.recv()
+  owed = np.ones(num_envs, np.int64)
+  owed[batch.env_ids] -= 1
+  fresh = np.ones(num_envs, bool)
+  fresh[batch.env_ids] = False
+  guard.poison_next_recv()
+  bad = None
+  recovered = False
+  extra_rounds = 6  # keep going a little after the bad env is back
+  # EnvPool returns whichever envs finish first and a MetaWorld reset is slower than a step,
+  # so the reset env may be overtaken for a while: bound by rounds, not by a small count.
+  for _ in range(500):
+    if recovered:
+      extra_rounds -= 1
+      if not extra_rounds:
+        break
+    adapter.send(random_actions(adapter.spec, len(batch), rng), batch.env_ids)
+    owed[batch.env_ids] += 1
+    batch = adapter.recv()
+    check_batch(adapter.spec, batch, len(batch))
+    ids = batch.env_ids
+    assert (owed[ids] > 0).all(), f"received {ids} but owed {owed}"
+    owed[ids] -= 1
+    if bad is None:  # the poisoned batch
+      (bad,) = guard.poisoned
+      row = int(np.flatnonzero(ids == bad)[0])
+      assert (batch.obs["state"][row] == 0).all()
+      assert batch.truncated[row] and batch.reset_step[row]
+      assert adapter.nan_resets == 1
+      rest = np.arange(len(ids)) != row
+      np.testing.assert_array_equal(batch.reset_step[rest], fresh[ids[rest]])
+      assert not batch.truncated[rest].any()
+      fresh[ids] = batch.done
+      continue
+    # Every later row: resets exactly where expected, the bad env's next row included.
+    np.testing.assert_array_equal(batch.reset_step, fresh[ids])
+    if bad in ids and not recovered:  # its first row after the non-finite one
+      row = int(np.flatnonzero(ids == bad)[0])
+      assert batch.reset_step[row] and not batch.done[row]
+      assert (batch.obs["state"][row, -3:] != 0).all()
+      recovered = True
+    fresh[ids] = batch.done
+  assert recovered, "the env with non-finite physics never came back"
+  assert adapter.nan_resets == 1
+
+
+def test_nan_guard_keeps_success_nan_without_success_signal(make):
+  adapter = make("HalfCheetah-v4", 2)
+  guard = _PoolGuard(adapter)
+  adapter.reset()
+  gather_all(adapter, 2)
+  guard.poison_next_recv()
+  batch = adapter.step(np.zeros((2, 6), np.float32))
+  assert adapter.nan_resets == 1
+  assert batch.truncated[guard.poisoned[0]]
+  assert np.isnan(batch.success).all(), batch.success
+
+
+def test_reset_row_reward_is_not_physics(make):
+  adapter = make("CartpoleBalance-v1", 2)
+  guard = _PoolGuard(adapter)
+  guard.poison_next_recv("reward")  # what EnvPool's uninitialised reward sometimes holds
+  adapter.reset()
+  first = gather_all(adapter, 2)
+  assert guard.poisoned
+  assert first.reset_step.all()
+  assert adapter.nan_resets == 0
+  assert not first.done.any()
+  assert (first.obs["state"] != 0).any(axis=1).all()  # the real first observation survives
+  assert np.isfinite(first.reward).all()
+
+
+# -- names ---------------------------------------------------------------------------------
+
+
+def test_unknown_env_suggests_close_names():
+  with pytest.raises(UnknownEnvError, match="MetaWorld/Reach-v3") as err:
+    check_env_name("MetaWorld/Reach-v2")
+  assert isinstance(err.value, ValueError)
+  assert "MetaWorld/Reach-v2" in str(err.value)
+  check_env_name("MetaWorld/Reach-v3")
+  check_env_name("MetaWorld/MT10")
+  with pytest.raises(UnknownEnvError):
+    make_adapter("MetaWorld/Reach-v2", 2)

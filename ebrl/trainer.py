@@ -95,8 +95,8 @@ class Trainer:
     self._last_metrics: dict = {}
     self.deadline: float | None = None  # Wall-clock stop (benchmarks), besides the step budget.
     self.update_hooks: list = []  # Called as hook(trainer) after every update.
-    self.bar = tqdm.tqdm(total=cfg.total_env_steps, initial=self.env_steps, unit="step",
-                         dynamic_ncols=True, disable=not progress)
+    self.bar = tqdm.tqdm(total=cfg.total_env_steps, initial=self.env_steps, unit="step", unit_scale=True,
+                         mininterval=1.0, dynamic_ncols=True, disable=not progress)
 
   # -- resume / checkpoint --------------------------------------------------
 
@@ -145,11 +145,10 @@ class Trainer:
       self.log(metrics)
     if now - self._last_ckpt >= self.cfg.checkpoint_every_s:
       self.checkpoint()
-    self.bar.n = min(self.env_steps, self.cfg.total_env_steps)
-    self.bar.set_postfix_str(
-        f"{self.interval_rate():,.0f} steps/s  success {sr:.2f}" if math.isfinite(sr)
-        else f"{self.interval_rate():,.0f} steps/s  return {self.tracker.episode_return:.1f}", refresh=False)
-    self.bar.refresh()
+    # tqdm shows env steps/s itself (smoothed) and redraws at most once a second.
+    self.bar.set_postfix_str(f"success {sr:.2f}" if math.isfinite(sr)
+                             else f"return {self.tracker.episode_return:.1f}", refresh=False)
+    self.bar.update(min(self.env_steps, self.cfg.total_env_steps) - self.bar.n)
 
   def staleness_mean(self) -> float:
     """Mean policy-version lag of the samples in the last update (0 for sync)."""

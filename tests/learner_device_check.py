@@ -42,8 +42,12 @@ def make_spec() -> EnvSpec:
                  max_episode_steps=10, has_success=False)
 
 
-def make_rollout(policy: MLPPolicy, params, seed: int) -> Rollout:
-  """A random [T, N] rollout whose logp/values are the given policy's."""
+def make_rollout(policy: MLPPolicy, params, seed: int, p_end: float = 0.15) -> Rollout:
+  """A random [T, N] rollout whose logp/values are the given policy's.
+
+  Each valid step terminates or truncates with probability p_end; the step after
+  an episode end is an (invalid) automatic-reset step, as EnvPool produces.
+  """
   rng = np.random.default_rng(seed)
   obs = rng.normal(1.0, 2.0, (T + 1, N, OBS_DIM)).astype(np.float32)
   actions = rng.normal(0.0, 0.7, (T + 1, N, ACTION_DIM)).astype(np.float32)
@@ -53,8 +57,8 @@ def make_rollout(policy: MLPPolicy, params, seed: int) -> Rollout:
   for t in range(T):
     if t > 0:
       valid[t] = ~done[t - 1]  # the step after an episode end is an automatic reset
-    term = (rng.random(N) < 0.15) & valid[t]
-    trunc = (rng.random(N) < 0.15) & valid[t] & ~term
+    term = (rng.random(N) < p_end) & valid[t]
+    trunc = (rng.random(N) < p_end) & valid[t] & ~term
     terminated[t], done[t] = term, term | trunc
   rewards = np.where(valid, rng.normal(0.0, 1.0, (T, N)), 0.0).astype(np.float32)
   logp, _, values = jax.jit(policy.evaluate)(params, {"state": obs}, actions)

@@ -24,7 +24,7 @@ from policies.mlp import MLPPolicy
 from sim_adapters.base import EnvSpec, ObsSpec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-T, N, OBS_DIM, ACTION_DIM = 8, 4, 5, 2
+from learner_device_check import ACTION_DIM, N, OBS_DIM, T, make_rollout, make_spec  # pylint: disable=g-bad-import-order
 
 CFG = LearnerConfig(gamma=0.9, gae_lambda=0.8, epochs=1, num_minibatches=1, learning_rate=3e-3,
                     max_grad_norm=0.5, reward_scale=2.0,
@@ -32,10 +32,7 @@ CFG = LearnerConfig(gamma=0.9, gae_lambda=0.8, epochs=1, num_minibatches=1, lear
                                   normalize_advantages=True))
 
 
-def tiny_spec() -> EnvSpec:
-  return EnvSpec(name="tiny", obs={"state": ObsSpec((OBS_DIM,), np.float32)}, action_dim=ACTION_DIM,
-                 action_low=-np.ones(ACTION_DIM, np.float32), action_high=np.ones(ACTION_DIM, np.float32),
-                 max_episode_steps=10, has_success=False)
+tiny_spec = make_spec  # The same tiny env as the multi-device check.
 
 
 def _is_key(x) -> bool:
@@ -71,26 +68,8 @@ def setup():
   policy = MLPPolicy(tiny_spec(), hidden=(16, 16))
   learner = Learner(policy, CFG)
   state0 = host(learner.init(jax.random.key(0)))
-  evaluate = jax.jit(policy.evaluate)
-
-  rng = np.random.default_rng(0)
-  obs = rng.normal(1.0, 2.0, (T + 1, N, OBS_DIM)).astype(np.float32)
-  actions = rng.normal(0.0, 0.7, (T + 1, N, ACTION_DIM)).astype(np.float32)
-  terminated = np.zeros((T, N), bool)
-  done = np.zeros((T, N), bool)
-  valid = np.ones((T, N), bool)
-  for t in range(T):
-    if t > 0:
-      valid[t] = ~done[t - 1]  # the step after an episode end is an automatic reset
-    term = (rng.random(N) < 0.2) & valid[t]
-    trunc = (rng.random(N) < 0.2) & valid[t] & ~term
-    terminated[t], done[t] = term, term | trunc
-  assert terminated.any() and (done & ~terminated).any() and (~valid).sum() >= 2
-  rewards = rng.normal(0.0, 1.0, (T, N)).astype(np.float32)
-  logp, _, values = evaluate(state0.params, {"state": obs}, actions)
-  rollout = Rollout(obs={"state": obs[:T]}, actions=actions[:T], logp=np.asarray(logp)[:T],
-                    values=np.asarray(values), rewards=rewards, terminated=terminated, done=done,
-                    valid=valid, version=np.zeros((T, N), np.int32))
+  rollout = make_rollout(policy, state0.params, seed=0, p_end=0.2)
+  assert rollout.terminated.any() and (rollout.done & ~rollout.terminated).any() and (~rollout.valid).sum() >= 2
   return dict(policy=policy, learner=learner, state0=state0, rollout=rollout)
 
 

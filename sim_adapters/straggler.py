@@ -1,0 +1,280 @@
+"""Injected stragglers: a fixed subset of envs steps `slowdown` times slower.
+
+Why: EBRL's claim is straggler immunity (an asynchronous scheduler keeps the
+fast envs busy while a slow one finishes), and a claim needs a measurement. The
+real simulators are uniform, so this wrapper makes some envs slow on purpose;
+`--straggler_fraction=f --straggler_slowdown=s` builds it around any adapter.
+
+Model. Slowness is extra latency on the straggler's own row: the inner adapter
+steps every env at its normal speed, and a straggler's row is released
+`(slowdown - 1) * per_env_step_s` after the inner adapter returned it, so the
+straggler's step takes about `slowdown` times as long as a normal one. Other
+rows of the same inner batch are released at once. Simulated physics is
+untouched: a row carries exactly what the inner adapter returned.
+
+* Asynchronous use (`send`/`recv`): `recv` returns the rows that are due now;
+  a straggler's row waits in a small heap and a later `recv` returns it once
+  due, so fast envs never wait for it.
+* Synchronous use (`step`): every env must come back, so `step` waits until
+  the straggler row is due: one slow env slows the whole step, which is
+  exactly what happens to a synchronous system with a slow env.
+
+`per_env_step_s` (one env's step time) is either given, which benchmark
+comparisons should do so every scheduler gets the same penalty, or estimated as
+an exponential moving average of the inner adapter's own timing (see
+`_observe`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import os
+import time
+
+import numpy as np
+
+from sim_adapters.base import EnvSpec, StepBatch
+from sim_adapters.envpool_adapter import concat_sorted
+
+# Weight of a new sample in the per-env step time estimate: smooths the jitter
+# of single batches while still following a simulator that speeds up or slows down.
+_EMA_ALPHA = 0.1
+# An inner call that returned faster than this did not wait for the simulator:
+# its rows were already done, so its wall time says nothing about step cost.
+_MIN_BLOCKING_S = 50e-6
+
+
+def straggler_set(num_envs: int, fraction: float, seed: int = 0) -> np.ndarray:
+  """The straggler env ids: round(fraction * num_envs) of them, at least one when fraction > 0.
+
+  Seeded and independent of the simulator, so every scheduler in a comparison
+  gets the same stragglers. Rounds half up (not Python's half-to-even), so
+  fraction 0.5 of 5 envs gives 3.
+  """
+  if not 0.0 <= fraction <= 1.0:
+    raise ValueError(f"straggler_fraction must be in [0, 1], got {fraction}")
+  if fraction == 0.0:
+    return np.zeros(0, np.int32)
+  count = min(num_envs, max(1, int(math.floor(fraction * num_envs + 0.5))))
+  rng = np.random.default_rng(seed)
+  return np.sort(rng.choice(num_envs, size=count, replace=False)).astype(np.int32)
+
+
+def _take(b: StepBatch, idx: np.ndarray) -> StepBatch:
+  """Rows `idx` of `b`, every field indexed alike so each row stays whole."""
+  return StepBatch(
+      obs={k: v[idx] for k, v in b.obs.items()},
+      reward=b.reward[idx], terminated=b.terminated[idx], truncated=b.truncated[idx],
+      success=b.success[idx], env_ids=b.env_ids[idx], reset_step=b.reset_step[idx])
+
+
+def _worker_threads(inner) -> int:
+  """How many simulator threads step the inner adapter's envs in parallel.
+
+  EnvPool resolves `num_threads=0` to min(batch_size, hardware threads); the
+  multi-task adapter runs one pool per task, so its pools' threads add up.
+  Anything else is assumed to use every CPU.
+  """
+  subs = getattr(inner, "_subs", None)
+  if subs:
+    return sum(_worker_threads(s) for s in subs)
+  cpus = os.cpu_count() or 1
+  pool = getattr(inner, "_pool", None)
+  config = getattr(pool, "config", None)
+  if isinstance(config, dict):
+    threads = int(config.get("num_threads", 0))
+    if threads > 0:
+      return threads
+    return max(1, min(int(config.get("batch_size", cpus)), cpus))
+  return cpus
+
+
+class StragglerAdapter:
+  """A SimAdapter whose `straggler_ids` envs step `slowdown` times slower than the rest.
+
+  With `fraction == 0` or `slowdown == 1` every call goes straight to `inner`
+  and its rows come back unchanged (the very same objects), adding no delay.
+  """
+
+  def __init__(self, inner, fraction: float, slowdown: float, seed: int = 0, *,
+               per_env_step_s: float | None = None, worker_threads: int | None = None):
+    if slowdown < 1.0:
+      raise ValueError(f"straggler_slowdown must be >= 1, got {slowdown}")
+    if per_env_step_s is not None and per_env_step_s < 0:
+      raise ValueError(f"per_env_step_s must be >= 0, got {per_env_step_s}")
+    self.inner = inner
+    self.spec: EnvSpec = inner.spec
+    self.num_envs: int = inner.num_envs
+    self.fraction = float(fraction)
+    self.slowdown = float(slowdown)
+    self.straggler_ids = straggler_set(self.num_envs, self.fraction, seed)
+    self._is_straggler = np.zeros(self.num_envs, bool)
+    self._is_straggler[self.straggler_ids] = True
+    self.active = len(self.straggler_ids) > 0 and self.slowdown > 1.0
+    self._fixed_step_s = per_env_step_s
+    self._est_step_s: float | None = None
+    self._threads = worker_threads or _worker_threads(inner)
+    # The raw EnvPool behind an async adapter waits for `batch_size` envs in
+    # `recv`; fewer in flight would block it forever. Returning at most that many
+    # rows per `recv` also keeps the batch-size bound callers may size buffers by.
+    self._inner_async = bool(getattr(inner, "is_async", False))
+    inner_batch = int(getattr(inner, "batch_size", None) or self.num_envs)
+    self._inner_min = inner_batch if self._inner_async else 1
+    self._max_rows = inner_batch if self._inner_async else self.num_envs
+    self._inner_in_flight = 0  # rows the inner adapter still owes us
+    self._held: list[tuple[float, int, StepBatch]] = []  # (due time, tie-break, rows)
+    self._seq = itertools.count()
+    self._measure = False  # no timing until the first send: a reset is not a step
+    self.delayed_rows = 0  # straggler rows released late, for benchmark reports
+
+  # -- passthrough -------------------------------------------------------------
+
+  def __getattr__(self, name: str):
+    # Only reached for attributes this class lacks: `task_ids`, `instructions`,
+    # `is_async`, `batch_size`, ... exist exactly when the inner adapter has them.
+    if name == "inner":  # not set yet (e.g. during unpickling): avoid recursion
+      raise AttributeError(name)
+    return getattr(self.inner, name)
+
+  @property
+  def nan_resets(self) -> int:
+    return self.inner.nan_resets
+
+  @property
+  def per_env_step_s(self) -> float:
+    """The step time a straggler's extra latency is based on (0 until first measured)."""
+    if self._fixed_step_s is not None:
+      return self._fixed_step_s
+    return self._est_step_s or 0.0
+
+  @property
+  def extra_latency_s(self) -> float:
+    """How much later than its inner adapter a straggler's row is released now."""
+    return (self.slowdown - 1.0) * self.per_env_step_s if self.active else 0.0
+
+  @property
+  def in_flight(self) -> int:
+    """Rows owed to the caller: still in the inner adapter or held here."""
+    return self._inner_in_flight + sum(len(b) for _, _, b in self._held)
+
+  # -- timing ------------------------------------------------------------------
+
+  def _observe(self, wall_s: float, rows: int, parallel: int) -> None:
+    """Updates the per-env step time estimate from one inner call.
+
+    A call that stepped `rows` envs on `parallel` busy threads in `wall_s` took
+    about `wall_s * parallel / rows` per env step: for a synchronous step that is
+    the batch time divided by the envs each thread stepped; for an async `recv`
+    with the simulator as bottleneck it is the time to produce the next batch at
+    full throughput. `parallel` is min(threads, envs in flight), so fewer envs
+    than threads do not count idle threads. Calls that did not block are
+    skipped (they time the caller, not the simulator). Caveat: when the caller
+    is slower than the simulator, an async recv waits only part of a step and
+    the estimate reads low; pass `per_env_step_s` for comparisons between
+    schedulers.
+    """
+    if self._fixed_step_s is not None or not self._measure or rows <= 0 or wall_s < _MIN_BLOCKING_S:
+      return
+    sample = wall_s * max(1, parallel) / rows
+    if self._est_step_s is None:
+      self._est_step_s = sample
+    else:
+      self._est_step_s += _EMA_ALPHA * (sample - self._est_step_s)
+
+  # -- SimAdapter --------------------------------------------------------------
+
+  def reset(self) -> None:
+    self._held.clear()
+    self._measure = False
+    self.inner.reset()
+    self._inner_in_flight = self.num_envs
+
+  def send(self, actions: np.ndarray, env_ids: np.ndarray) -> None:
+    self._inner_in_flight += len(env_ids)
+    self._measure = True
+    self.inner.send(actions, env_ids)
+
+  def _pull(self) -> None:
+    """One inner `recv`: fast rows are due now, straggler rows after the extra latency."""
+    parallel = min(self._threads, self._inner_in_flight)
+    t0 = time.perf_counter()
+    b = self.inner.recv()
+    t1 = time.perf_counter()
+    self._inner_in_flight -= len(b)
+    self._observe(t1 - t0, len(b), parallel)
+    slow = self._is_straggler[b.env_ids]
+    if not slow.any():
+      heapq.heappush(self._held, (t1, next(self._seq), b))
+      return
+    fast_idx, slow_idx = np.flatnonzero(~slow), np.flatnonzero(slow)
+    if len(fast_idx):
+      heapq.heappush(self._held, (t1, next(self._seq), _take(b, fast_idx)))
+    heapq.heappush(self._held, (t1 + self.extra_latency_s, next(self._seq), _take(b, slow_idx)))
+    self.delayed_rows += len(slow_idx)
+
+  def _pop_due(self, now: float) -> list[StepBatch]:
+    """The held rows due by `now`, earliest first, at most `_max_rows` of them."""
+    out, count = [], 0
+    while self._held and self._held[0][0] <= now and count < self._max_rows:
+      due, seq, b = heapq.heappop(self._held)
+      room = self._max_rows - count
+      if len(b) > room:  # split: the rest stays due and goes out with the next recv
+        heapq.heappush(self._held, (due, seq, _take(b, np.arange(room, len(b)))))
+        b = _take(b, np.arange(room))
+      out.append(b)
+      count += len(b)
+    return out
+
+  def recv(self) -> StepBatch:
+    """The rows due now; waits for the next inner batch or the earliest held row.
+
+    Simplification: with enough envs in flight in the inner adapter, the wait is
+    a blocking inner `recv` (EnvPool's has no timeout), so a held row that falls
+    due meanwhile goes out with the next inner batch, at most one inner batch
+    time late. With too few envs in flight for the inner `recv` to return, the
+    wait is a sleep until the earliest held row is due, never a spin.
+    """
+    if not self.active:
+      return self.inner.recv()
+    while True:
+      due = self._pop_due(time.perf_counter())
+      if due:
+        return concat_sorted(due)
+      if self._inner_in_flight >= self._inner_min:
+        self._pull()
+      elif self._held:
+        time.sleep(max(0.0, self._held[0][0] - time.perf_counter()))
+      elif self._inner_in_flight > 0:
+        raise RuntimeError(
+            f"recv() would block forever: {self._inner_in_flight} envs in flight, the inner "
+            f"adapter returns batches of {self._inner_min}; send() more envs first")
+      else:
+        raise RuntimeError("recv() called with no envs in flight; send() first")
+
+  def step(self, actions: np.ndarray) -> StepBatch:
+    """Steps every env; returns once the slowest straggler is due, rows ordered by env id."""
+    if not self.active:
+      return self.inner.step(actions)
+    if self._held:
+      raise RuntimeError(f"step() with {self.in_flight} rows still owed by recv(); receive them first")
+    self._measure = True
+    parallel = min(self._threads, self.num_envs)
+    t0 = time.perf_counter()
+    b = self.inner.step(actions)
+    t1 = time.perf_counter()
+    self._observe(t1 - t0, len(b), parallel)
+    # Every env is in the batch, stragglers included: the batch is ready when they are.
+    self.delayed_rows += len(self.straggler_ids)
+    delay = t1 + self.extra_latency_s - time.perf_counter()
+    if delay > 0:
+      time.sleep(delay)
+    return b
+
+  def reset_envs(self, env_ids: np.ndarray) -> None:
+    self.inner.reset_envs(env_ids)
+
+  def close(self) -> None:
+    self._held.clear()
+    self.inner.close()

@@ -10,7 +10,7 @@ import os
 
 from ebrl.errors import UserError
 
-SCHEDULERS = ("sync", "random")
+SCHEDULERS = ("sync", "pipelined", "ebrl", "random")
 ALGORITHMS = ("ppo",)
 LR_SCHEDULES = ("constant", "linear")
 
@@ -48,8 +48,32 @@ def validate(cfg, num_devices: int) -> None:
   if batch % cfg.algorithm.num_minibatches:
     raise UserError(f"algorithm.num_minibatches={cfg.algorithm.num_minibatches} must divide "
                     f"num_envs * rollout_length = {batch}")
-  if cfg.env.name == "MetaWorld/MT10" and cfg.num_envs % 10:
-    raise UserError(f"num_envs={cfg.num_envs} must be a multiple of 10 for MetaWorld/MT10 (one pool per task)")
+  groups = {"ebrl": cfg.ebrl.num_groups, "pipelined": cfg.pipelined.num_stages}.get(cfg.scheduler, 1)
+  key = {"ebrl": "ebrl.num_groups", "pipelined": "pipelined.num_stages"}.get(cfg.scheduler)
+  if key:
+    _positive(key, groups)
+    if cfg.num_envs % groups:
+      raise UserError(f"{key}={groups} must divide num_envs={cfg.num_envs}")
+  per_task = 10 * groups
+  if cfg.env.name == "MetaWorld/MT10" and cfg.num_envs % per_task:
+    raise UserError(f"num_envs={cfg.num_envs} must be a multiple of {per_task} for MetaWorld/MT10 "
+                    f"(one pool per task{' in each group' if groups > 1 else ''})")
+  if cfg.scheduler == "ebrl":
+    e = cfg.ebrl
+    if not isinstance(e.max_staleness, int) or e.max_staleness < 0:
+      raise UserError(f"ebrl.max_staleness={e.max_staleness!r} must be an integer >= 0")
+    per_group = cfg.num_envs // groups
+    if e.recv_batch < 0 or e.recv_batch >= per_group:
+      raise UserError(f"ebrl.recv_batch={e.recv_batch} must be in [0, {per_group}) (envs per group; 0 = auto)")
+    for name in ("max_gen_batch", "segments_per_update", "max_wait_ms"):
+      if e[name] < 0:
+        raise UserError(f"ebrl.{name}={e[name]!r} must be >= 0")
+    segments = e.segments_per_update or cfg.num_envs
+    if (segments * cfg.rollout_length) % cfg.algorithm.num_minibatches:
+      raise UserError(f"algorithm.num_minibatches={cfg.algorithm.num_minibatches} must divide "
+                      f"ebrl.segments_per_update * rollout_length = {segments * cfg.rollout_length}")
+    if segments % num_devices:
+      raise UserError(f"ebrl.segments_per_update={segments} must be divisible by the {num_devices} learner devices")
   if any(h <= 0 for h in cfg.policy.hidden):
     raise UserError(f"policy.hidden={tuple(cfg.policy.hidden)} must be positive layer sizes")
   try:

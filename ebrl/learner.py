@@ -25,7 +25,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from ebrl.algorithms.gae import gae
 from ebrl.algorithms.ppo import PPOConfig, ppo_loss
-from ebrl.types import Rollout, TrainState
+from ebrl.trajectory_queue import fresh_mask
+from ebrl.types import Rollout, SegmentBatch, TrainState
 from policies.base import Policy
 
 
@@ -40,6 +41,7 @@ class LearnerConfig:
   total_updates: int = 1
   max_grad_norm: float = 0.5
   reward_scale: float = 1.0
+  max_staleness: int = 0  # Off-policy batches: samples older than this many versions are masked.
   ppo: PPOConfig = PPOConfig()
 
 
@@ -79,6 +81,7 @@ class Learner:
     self._optimizer = make_optimizer(cfg)
     self._replicated = NamedSharding(self.mesh, P())
     self._update: Callable = jax.jit(self._update_fn, donate_argnums=(0,))
+    self._update_segments: Callable = jax.jit(self._segments_fn, donate_argnums=(0,))
 
   def init(self, key: jax.Array) -> TrainState:
     return jax.device_put(init_train_state(self.policy, self.cfg, key), self._replicated)
@@ -89,8 +92,27 @@ class Learner:
   def update(self, state: TrainState, rollout: Rollout) -> tuple[TrainState, dict]:
     return self._update(state, self.place(rollout))
 
+  def update_segments(self, state: TrainState, batch: SegmentBatch) -> tuple[TrainState, dict]:
+    """Off-policy update (decoupled PPO) from segments produced by older versions."""
+    return self._update_segments(state, self.place(batch))
+
+  def _segments_fn(self, state: TrainState, sb: SegmentBatch) -> tuple[TrainState, dict]:
+    horizon = sb.actions.shape[0]
+    # Values and proximal log-probs come from the params the update starts from.
+    actions = jnp.concatenate([sb.actions, jnp.zeros_like(sb.actions[:1])])
+    prox_logp, _, values = self.policy.evaluate(state.params, sb.obs, actions)
+    prox_logp, values = jax.lax.stop_gradient(prox_logp[:horizon]), jax.lax.stop_gradient(values)
+    fresh = fresh_mask(state.version, sb.version, self.cfg.max_staleness)
+    ro = Rollout(obs=jax.tree.map(lambda x: x[:horizon], sb.obs), actions=sb.actions, logp=prox_logp,
+                 values=values, rewards=sb.rewards, terminated=sb.terminated, done=sb.done,
+                 valid=sb.valid & fresh, version=sb.version)
+    new_state, metrics = self._update_fn(state, ro, behaviour_logp=sb.logp)
+    metrics["stale_dropped"] = jnp.sum(sb.valid & ~fresh)
+    return new_state, metrics
+
   # The whole algorithm, in one screen.
-  def _update_fn(self, state: TrainState, ro: Rollout) -> tuple[TrainState, dict]:
+  def _update_fn(self, state: TrainState, ro: Rollout,
+                 behaviour_logp: jax.Array | None = None) -> tuple[TrainState, dict]:
     cfg, policy = self.cfg, self.policy
     rewards = ro.rewards * cfg.reward_scale
     # An invalid next sample (a reset forced after non-finite physics) must not feed
@@ -102,12 +124,15 @@ class Learner:
     data = dict(obs=jax.tree.map(flat, ro.obs), actions=flat(ro.actions), logp=flat(ro.logp),
                 values=flat(ro.values[:-1]), adv=flat(adv), returns=flat(returns),
                 mask=flat(ro.valid).astype(jnp.float32))
+    if behaviour_logp is not None:
+      data["behaviour_logp"] = flat(behaviour_logp)
     num = data["adv"].shape[0]
     mb = num // cfg.num_minibatches
 
     def loss_fn(net, params, b):
       logp, entropy, value = policy.evaluate({**params, "net": net}, b["obs"], b["actions"])
-      return ppo_loss(cfg.ppo, logp, entropy, value, b["logp"], b["values"], b["adv"], b["returns"], b["mask"])
+      return ppo_loss(cfg.ppo, logp, entropy, value, b["logp"], b["values"], b["adv"], b["returns"], b["mask"],
+                      b.get("behaviour_logp"))
 
     def minibatch_step(carry, b):
       params, opt_state, skipped = carry
@@ -132,7 +157,9 @@ class Learner:
     params = policy.update_normalizer(params, ro.obs, ro.valid)
     metrics = jax.tree.map(jnp.mean, metrics)
     metrics["skipped_updates"] = skipped
-    metrics["staleness"] = jnp.sum((state.version - ro.version) * ro.valid) / jnp.maximum(ro.valid.sum(), 1)
+    lag = state.version - ro.version
+    metrics["staleness"] = jnp.sum(lag * ro.valid) / jnp.maximum(ro.valid.sum(), 1)
+    metrics["staleness_max"] = jnp.max(jnp.where(ro.valid, lag, 0))
     new_state = TrainState(params=params, opt_state=opt_state, key=key,
                            version=state.version + 1, skipped_updates=skipped)
     return new_state, metrics

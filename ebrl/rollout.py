@@ -28,17 +28,19 @@ class RolloutBuffer:
     self.valid = np.zeros((t, n), bool)
     self.version = np.zeros((t, n), np.int32)
 
-  def store(self, t: int, obs: dict[str, np.ndarray], actions: Actions, version: int, result: StepBatch) -> None:
+  def store(self, t: int, obs: dict[str, np.ndarray], actions: Actions, version: int, result: StepBatch,
+            cols: slice = slice(None)) -> None:
+    """Records step t for the envs in `cols` (all by default; a pipeline stage's slice)."""
     for k, v in obs.items():
-      self.obs[k][t] = v
-    self.actions[t] = actions.action
-    self.logp[t] = actions.logp
-    self.values[t] = actions.value
-    self.version[t] = version
-    self.rewards[t] = result.reward
-    self.terminated[t] = result.terminated
-    self.done[t] = result.done
-    self.valid[t] = ~result.reset_step
+      self.obs[k][t, cols] = v
+    self.actions[t, cols] = actions.action
+    self.logp[t, cols] = actions.logp
+    self.values[t, cols] = actions.value
+    self.version[t, cols] = version
+    self.rewards[t, cols] = result.reward
+    self.terminated[t, cols] = result.terminated
+    self.done[t, cols] = result.done
+    self.valid[t, cols] = ~result.reset_step
 
   def rollout(self, last_values: np.ndarray) -> Rollout:
     self.values[-1] = last_values

@@ -51,14 +51,22 @@ class Sampler:
     with self._lock:
       self.params, self.version = params, int(version)
 
-  def act(self, obs: dict[str, np.ndarray]) -> tuple[Actions, int]:
-    """Returns the actions for obs and the version of the params that made them."""
+  def act(self, obs: dict[str, np.ndarray], pad: bool = False) -> tuple[Actions, int]:
+    """Returns the actions for obs and the version of the params that made them.
+
+    pad=True rounds the batch up to a power of two, so batches of ready envs of
+    any size share a few compiled shapes.
+    """
     with self._lock:
       params, version = self.params, self.version
       self._counter += 1
       counter = self._counter
+    n = next(iter(obs.values())).shape[0]
+    size = 1 << max(0, (n - 1).bit_length()) if pad else n
+    if size != n:
+      obs = {k: np.concatenate([v, np.zeros((size - n,) + v.shape[1:], v.dtype)]) for k, v in obs.items()}
     out = self._act(params, obs, self._key, counter)
-    return Actions(*(np.asarray(x) for x in out)), version
+    return Actions(*(np.asarray(x)[:n] for x in out)), version
 
   @property
   def calls(self) -> int:

@@ -27,9 +27,10 @@ from ebrl.sampler import Sampler
 from ebrl.telemetry import plots
 from ebrl.telemetry.episodes import EpisodeTracker
 from ebrl.telemetry.stages import StageClock
+from ebrl.telemetry.trace import Tracer
 from ebrl.telemetry.writers import MetricsWriter, read_jsonl, write_json
 from policies import IncompatibleObservationError, make_policy
-from sim_adapters import make_adapter
+from sim_adapters import make_env_groups
 from sim_adapters.envpool_adapter import UnsupportedEnvError
 
 
@@ -40,9 +41,10 @@ def learner_config(cfg) -> LearnerConfig:
       gamma=a.gamma, gae_lambda=a.gae_lambda, epochs=a.epochs, num_minibatches=a.num_minibatches,
       learning_rate=a.learning_rate, lr_schedule=a.lr_schedule,
       total_updates=max(1, math.ceil(cfg.total_env_steps / per_update)),
-      max_grad_norm=a.max_grad_norm, reward_scale=a.reward_scale,
+      max_grad_norm=a.max_grad_norm, reward_scale=a.reward_scale, max_staleness=cfg.ebrl.max_staleness,
       ppo=PPOConfig(clip_eps=a.clip_eps, value_clip_eps=a.value_clip_eps, vf_coef=a.vf_coef,
-                    ent_coef=a.ent_coef, normalize_advantages=a.normalize_advantages))
+                    ent_coef=a.ent_coef, normalize_advantages=a.normalize_advantages,
+                    behaviour_weight_clip=a.behaviour_weight_clip))
 
 
 def _finite_or_none(x: float):
@@ -57,12 +59,23 @@ class Trainer:
     self.launch_time = launch_time or time.time()
     config_lib.validate(cfg, jax.local_device_count())
     config_lib.check_workdir(self.workdir)
+    num_groups, recv_batch = 1, None
+    if cfg.scheduler == "ebrl":
+      num_groups = cfg.ebrl.num_groups
+      recv_batch = cfg.ebrl.recv_batch or max(1, cfg.num_envs // num_groups // 2)
+    elif cfg.scheduler == "pipelined":
+      num_groups = cfg.pipelined.num_stages
     try:
-      self.adapter = make_adapter(cfg.env.name, cfg.num_envs, num_threads=cfg.env.num_threads,
-                                  seed=cfg.seed, max_episode_steps=cfg.env.max_episode_steps,
-                                  from_pixels=cfg.env.from_pixels, render_size=cfg.env.render_size)
-    except UnsupportedEnvError as e:
+      self.groups = make_env_groups(
+          cfg.env.name, cfg.num_envs, num_groups, recv_batch=recv_batch, num_threads=cfg.env.num_threads,
+          seed=cfg.seed, max_episode_steps=cfg.env.max_episode_steps, from_pixels=cfg.env.from_pixels,
+          render_size=cfg.env.render_size, straggler_fraction=cfg.env.straggler_fraction,
+          straggler_slowdown=cfg.env.straggler_slowdown,
+          straggler_step_s=cfg.env.straggler_step_ms / 1000.0 or None)
+    except (UnsupportedEnvError, ValueError) as e:
       raise UserError(str(e)) from None
+    # One group is the plain single-adapter case the sync and random schedulers drive.
+    self.adapter = self.groups[0] if len(self.groups) == 1 else self.groups
     self.spec = self.adapter.spec
     try:
       self.policy = make_policy(cfg.policy.name, self.spec, cfg.policy)
@@ -75,7 +88,8 @@ class Trainer:
     self.learner = Learner(self.policy, learner_config(cfg))
     self.sampler = Sampler(self.policy, self.spec, seed=cfg.seed + 1)
     self.tracker = EpisodeTracker(cfg.num_envs, self.spec.has_success)
-    self.clock = StageClock()
+    self.tracer = Tracer()
+    self.clock = StageClock(self.tracer)
     self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"), keep=cfg.keep_checkpoints,
                                      warn=lambda m: tqdm.tqdm.write(m))
     self.state = self.learner.init(jax.random.PRNGKey(cfg.seed))
@@ -214,7 +228,9 @@ class Trainer:
         "stage_busy": {k: v / max(elapsed, 1e-9) for k, v in stages.items()},
     }
     write_json(os.path.join(self.workdir, "summary.json"), summary)
+    title = f"{self.cfg.env.name} · {self.cfg.policy.name} · {self.cfg.scheduler}"
     rows = read_jsonl(os.path.join(self.workdir, "metrics.jsonl"))
-    plots.learning_curve(rows, os.path.join(self.workdir, "plots", "learning_curve.png"),
-                         f"{self.cfg.env.name} · {self.cfg.policy.name} · {self.cfg.scheduler}")
+    plots.learning_curve(rows, os.path.join(self.workdir, "plots", "learning_curve.png"), title)
+    self.tracer.write_chrome(os.path.join(self.workdir, "trace.json"))
+    plots.timeline(self.tracer.spans(), os.path.join(self.workdir, "plots", "timeline.png"), title)
     return summary

@@ -38,3 +38,22 @@ class TrainState:
   key: jax.Array
   version: jax.Array  # int32: number of updates applied (the policy version)
   skipped_updates: jax.Array  # int32: minibatch steps skipped for a non-finite loss
+
+
+@flax.struct.dataclass
+class SegmentBatch:
+  """B env segments of T steps each, as the asynchronous learner consumes them.
+
+  Unlike a Rollout it carries no values: the learner evaluates values and
+  proximal log-probs with its current params (T + 1 observations per segment;
+  obs[T] bootstraps). `logp` and `version` are the behaviour policy's.
+  """
+
+  obs: dict[str, jax.Array]  # [T + 1, B, ...]
+  actions: jax.Array  # [T, B, A]
+  logp: jax.Array  # [T, B]
+  rewards: jax.Array  # [T, B]
+  terminated: jax.Array  # [T, B] bool
+  done: jax.Array  # [T, B] bool
+  valid: jax.Array  # [T, B] bool
+  version: jax.Array  # [T, B] int32

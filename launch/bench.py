@@ -32,6 +32,9 @@ _SECONDS = flags.DEFINE_float("seconds", 30.0, "Timed seconds per scheduler.")
 _WARMUP = flags.DEFINE_integer("warmup_updates", 3, "Untimed updates before the window opens.")
 _NUM_ENVS = flags.DEFINE_integer("num_envs", None, "Envs (default: the config's).")
 _OUT = flags.DEFINE_string("out", "bench.json", "Where to write the JSON results.")
+_STRAGGLER_FRACTION = flags.DEFINE_float("straggler_fraction", 0.0, "Fraction of envs made slow.")
+_STRAGGLER_SLOWDOWN = flags.DEFINE_float("straggler_slowdown", 1.0, "How many times longer a slow env's step takes.")
+_TIMELINE = flags.DEFINE_string("timeline", None, "PNG with every scheduler's stage timeline (default: beside --out).")
 _CONFIG = common.define_config(help_text="Base run config; --config.<key>=<value> overrides apply to every scheduler.")
 
 # Ratios worth reporting, as (numerator, denominator), when both ran.
@@ -94,6 +97,7 @@ def run_one(name: str, base_cfg, workdir: str) -> dict:
     raise RuntimeError(f"scheduler {name} ended before its warm-up finished")
   result = window.result(trainer, end)
   trainer.finish()
+  result["_spans"] = trainer.tracer.spans()
   return result
 
 
@@ -108,6 +112,8 @@ def main(argv: list[str]) -> None:
   base.policy.name = _POLICY.value
   if _NUM_ENVS.value:
     base.num_envs = _NUM_ENVS.value
+  base.env.straggler_fraction = _STRAGGLER_FRACTION.value
+  base.env.straggler_slowdown = _STRAGGLER_SLOWDOWN.value
   for name in _SCHEDULERS.value:
     if name not in config_lib.SCHEDULERS:
       raise UserError(f"unknown scheduler '{name}'; valid: {', '.join(config_lib.SCHEDULERS)}")
@@ -121,9 +127,14 @@ def main(argv: list[str]) -> None:
     for name in _SCHEDULERS.value:
       print(f"[bench] {name}: warm-up, then {_SECONDS.value:.0f} s timed", flush=True)
       results[name] = run_one(name, base, os.path.join(tmp, name))
+  spans = {name: r.pop("_spans") for name, r in results.items()}
+  from ebrl.telemetry import plots  # pylint: disable=g-import-not-at-top
+  timeline_path = _TIMELINE.value or os.path.splitext(_OUT.value)[0] + "_timeline.png"
+  plots.timelines(spans, timeline_path)
   ratios = {f"{a}_over_{b}": results[a]["e2e_env_steps_per_s"] / results[b]["e2e_env_steps_per_s"]
             for a, b in _RATIO_PAIRS if a in results and b in results}
   out = {"env": _ENV.value, "policy": _POLICY.value, "num_envs": base.num_envs, "seconds": _SECONDS.value,
+         "stragglers": {"fraction": _STRAGGLER_FRACTION.value, "slowdown": _STRAGGLER_SLOWDOWN.value},
          "machine": machine_info(), "results": results, "ratios": ratios}
   with open(_OUT.value, "w") as f:
     json.dump(out, f, indent=2)
@@ -134,7 +145,7 @@ def main(argv: list[str]) -> None:
           f"{b['sim']:>7.2f}{b['gen']:>7.2f}{b['train']:>7.2f}")
   for k, v in ratios.items():
     print(f"{k} = {v:.3f}")
-  print(f"written {_OUT.value}")
+  print(f"written {_OUT.value} and {timeline_path}")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import os
 
 from sim_adapters.base import EnvSpec, ObsSpec, SimAdapter, StepBatch
 
@@ -40,7 +41,9 @@ def check_env_name(name: str) -> None:
 
 def make_adapter(name: str, num_envs: int, *, batch_size: int | None = None, num_threads: int = 0,
                  thread_affinity_offset: int = -1, seed: int = 0, max_episode_steps: int = 0,
-                 from_pixels: bool = False, render_size: int = 64):
+                 from_pixels: bool = False, render_size: int = 64,
+                 straggler_fraction: float = 0.0, straggler_slowdown: float = 1.0,
+                 straggler_step_s: float | None = None):
   """Builds the adapter for `name` (checked first, so errors come before any work).
 
   No env is reset here: the first reset happens when a scheduler starts, so a
@@ -57,10 +60,37 @@ def make_adapter(name: str, num_envs: int, *, batch_size: int | None = None, num
     kwargs["partially_observable"] = False
   if name in MULTI_TASK_NAMES:
     from sim_adapters.multitask import MultiTaskAdapter
-    return MultiTaskAdapter(num_envs, **kwargs)
-  from sim_adapters.envpool_adapter import EnvPoolAdapter
-  return EnvPoolAdapter(name, num_envs, **kwargs)
+    adapter = MultiTaskAdapter(num_envs, **kwargs)
+  else:
+    from sim_adapters.envpool_adapter import EnvPoolAdapter
+    adapter = EnvPoolAdapter(name, num_envs, **kwargs)
+  if straggler_fraction != 0.0 or straggler_slowdown != 1.0:
+    # Wrapped whenever either is set, so bad values are rejected; no delay when inactive.
+    from sim_adapters.straggler import StragglerAdapter
+    adapter = StragglerAdapter(adapter, straggler_fraction, straggler_slowdown, seed=seed,
+                               per_env_step_s=straggler_step_s)
+  return adapter
+
+
+def make_env_groups(name: str, num_envs: int, num_groups: int = 1, *, recv_batch: int | None = None,
+                    num_threads: int = 0, seed: int = 0, **kwargs):
+  """Splits num_envs over num_groups adapters (sync mode unless recv_batch < envs per group).
+
+  Each group gets its own seed and an equal share of the worker threads, so the
+  groups together use the same cores one adapter would.
+  """
+  from sim_adapters.groups import EnvGroups
+
+  per_group = num_envs // num_groups
+  threads = num_threads if num_threads > 0 else len(os.sched_getaffinity(0))
+  per_threads = max(1, threads // num_groups)
+  batch = recv_batch if recv_batch and recv_batch < per_group else None
+  return EnvGroups([
+      make_adapter(name, per_group, batch_size=batch, num_threads=per_threads if num_groups > 1 else num_threads,
+                   seed=seed + 7919 * g, **kwargs)
+      for g in range(num_groups)
+  ])
 
 
 __all__ = ["EnvSpec", "ObsSpec", "SimAdapter", "StepBatch", "UnknownEnvError",
-           "check_env_name", "known_env_names", "make_adapter"]
+           "check_env_name", "known_env_names", "make_adapter", "make_env_groups"]

@@ -3,6 +3,12 @@
 The mask drops transitions that never happened (an env's automatic-reset step).
 Value clipping and the entropy bonus are configurable; advantages are
 normalised over the valid samples of the minibatch.
+
+Decoupled PPO (for stale samples, as in AReaL): the ratio is taken against the
+*proximal* policy (the params at the start of the update), and the objective is
+weighted by the behaviour importance weight prox / behaviour, capped at
+`behaviour_weight_clip`. When the samples are on-policy the proximal and
+behaviour log-probs are the same, the weight is 1 and this is plain PPO.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ class PPOConfig:
   vf_coef: float = 0.5
   ent_coef: float = 0.0
   normalize_advantages: bool = True
+  behaviour_weight_clip: float = 2.0
 
 
 def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
@@ -28,8 +35,13 @@ def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
 
 def ppo_loss(cfg: PPOConfig, logp: jax.Array, entropy: jax.Array, value: jax.Array,
              old_logp: jax.Array, old_value: jax.Array, advantages: jax.Array,
-             returns: jax.Array, mask: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """All inputs are [B]; returns (loss, metrics)."""
+             returns: jax.Array, mask: jax.Array,
+             behaviour_logp: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """All inputs are [B]; returns (loss, metrics).
+
+  old_logp is the proximal policy's log-prob; behaviour_logp (default: the same)
+  is the log-prob of the policy that acted.
+  """
   mask = mask.astype(jnp.float32)
   if cfg.normalize_advantages:
     mean = masked_mean(advantages, mask)
@@ -38,6 +50,9 @@ def ppo_loss(cfg: PPOConfig, logp: jax.Array, entropy: jax.Array, value: jax.Arr
   log_ratio = logp - old_logp
   ratio = jnp.exp(log_ratio)
   pg = -jnp.minimum(ratio * advantages, jnp.clip(ratio, 1 - cfg.clip_eps, 1 + cfg.clip_eps) * advantages)
+  if behaviour_logp is not None:
+    weight = jnp.minimum(jnp.exp(old_logp - behaviour_logp), cfg.behaviour_weight_clip)
+    pg = jax.lax.stop_gradient(weight) * pg
   v_err = jnp.square(value - returns)
   if cfg.value_clip_eps > 0:
     clipped = old_value + jnp.clip(value - old_value, -cfg.value_clip_eps, cfg.value_clip_eps)

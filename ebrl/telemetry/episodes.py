@@ -8,6 +8,7 @@ no success signal or no episode has finished.
 from __future__ import annotations
 
 import collections
+import threading
 
 import numpy as np
 
@@ -24,8 +25,13 @@ class EpisodeTracker:
     self._succ = np.zeros(num_envs, np.float32)
     self.recent: collections.deque = collections.deque(maxlen=window)  # (return, length, success)
     self.episodes = 0
+    self._lock = threading.Lock()  # The sampler observes while the learner thread logs.
 
   def observe(self, b: StepBatch) -> None:
+    with self._lock:
+      self._observe(b)
+
+  def _observe(self, b: StepBatch) -> None:
     ids, valid = b.env_ids, ~b.reset_step
     self._ret[ids] += np.where(valid, b.reward, 0.0)
     self._len[ids] += valid
@@ -40,9 +46,10 @@ class EpisodeTracker:
       self._succ[fin] = 0.0
 
   def _mean(self, i: int) -> float:
-    if not self.recent:
-      return float("nan")
-    return float(np.mean([e[i] for e in self.recent]))
+    with self._lock:
+      if not self.recent:
+        return float("nan")
+      return float(np.mean([e[i] for e in self.recent]))
 
   @property
   def success_rate(self) -> float:
@@ -61,7 +68,8 @@ class EpisodeTracker:
     return len(self.recent) == self.window
 
   def state_dict(self) -> dict:
-    return {"recent": [list(e) for e in self.recent], "episodes": self.episodes}
+    with self._lock:
+      return {"recent": [list(e) for e in self.recent], "episodes": self.episodes}
 
   def load_state_dict(self, d: dict) -> None:
     self.recent.clear()

@@ -15,6 +15,11 @@ def get_config() -> ml_collections.ConfigDict:
       max_episode_steps=0,  # 0 = the task's own limit.
       from_pixels=False,  # Camera images as obs["pixels"] (needs a pixel policy).
       render_size=64,
+      # Injected stragglers (benchmarks): this fraction of envs takes `slowdown` times
+      # longer per step; step_ms fixes one env's step time (0 = measured).
+      straggler_fraction=0.0,
+      straggler_slowdown=1.0,
+      straggler_step_ms=0.0,
   ))
   c.num_envs = 32
   c.rollout_length = 32  # T: steps per env between updates.
@@ -38,7 +43,19 @@ def get_config() -> ml_collections.ConfigDict:
       lr_schedule="constant",
       max_grad_norm=0.5,
       reward_scale=0.1,
+      behaviour_weight_clip=2.0,  # Decoupled PPO: cap on prox / behaviour (stale samples).
   ))
+  # scheduler=ebrl: env groups on their own threads, dynamic generation batches, async learner.
+  c.ebrl = ml_collections.ConfigDict(dict(
+      num_groups=2,
+      recv_batch=0,  # Envs EnvPool returns per recv; 0 = half a group.
+      max_gen_batch=0,  # Most rows in one generation batch; 0 = recv_batch * num_groups.
+      max_wait_ms=1.0,  # Longest wait for more ready envs before generating.
+      max_staleness=2,  # eta: no sample used is more than eta policy versions old.
+      segments_per_update=0,  # Segments of rollout_length steps per update; 0 = num_envs.
+  ))
+  # scheduler=pipelined: envs in stages that take turns (RLinf's pipeline_stage_num).
+  c.pipelined = ml_collections.ConfigDict(dict(num_stages=2))
   c.resume = False
   c.log_every_s = 2.0
   c.checkpoint_every_s = 30.0

@@ -1,0 +1,97 @@
+"""Per-env trajectory assembly: independent envs in, fixed-length segments out.
+
+Envs come back from the simulator in any order and any grouping. For every env
+the assembler keeps the transitions of its current segment; when an env has T
+transitions, its segment is cut and handed on with the observation that follows
+its last step (the learner bootstraps from it). Episode boundaries stay inside
+a segment (`done` marks them), as in a synchronous [T, N] rollout.
+
+Protocol, per batch of ready rows (global env ids):
+  1. `complete(rows)` closes the pending transition of each env with the row's
+     reward/terminated/done/valid and returns the envs whose segment is now full
+     (their segments are emitted through `emit`);
+  2. `start(env_ids, obs, actions, version)` records the action just generated
+     for each env's observation as the env's new pending transition.
+A row of an env with no pending transition (its first reset) only starts one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import numpy as np
+
+from ebrl.sampler import Actions
+from sim_adapters.base import EnvSpec, StepBatch
+
+
+@dataclasses.dataclass
+class Segment:
+  """T consecutive transitions of one env, plus the observation after them."""
+
+  env_id: int
+  obs: dict[str, np.ndarray]  # [T + 1, ...]: obs[T] bootstraps
+  actions: np.ndarray  # [T, A]
+  logp: np.ndarray  # [T]
+  rewards: np.ndarray  # [T]
+  terminated: np.ndarray  # [T] bool
+  done: np.ndarray  # [T] bool
+  valid: np.ndarray  # [T] bool
+  version: np.ndarray  # [T] int32
+
+
+class TrajectoryAssembler:
+
+  def __init__(self, spec: EnvSpec, num_envs: int, horizon: int, emit: Callable[[Segment], None]):
+    n, t = num_envs, horizon
+    self.horizon = horizon
+    self._emit = emit
+    self.obs = {k: np.zeros((n, t + 1) + v.shape, v.dtype) for k, v in spec.obs.items()}
+    self.actions = np.zeros((n, t, spec.action_dim), np.float32)
+    self.logp = np.zeros((n, t), np.float32)
+    self.rewards = np.zeros((n, t), np.float32)
+    self.terminated = np.zeros((n, t), bool)
+    self.done = np.zeros((n, t), bool)
+    self.valid = np.zeros((n, t), bool)
+    self.version = np.zeros((n, t), np.int32)
+    self.count = np.zeros(n, np.int64)  # Completed transitions in the current segment.
+    self.pending = np.zeros(n, bool)  # An action was sent and its result is awaited.
+
+  def complete(self, env_ids: np.ndarray, rows: StepBatch) -> np.ndarray:
+    """Closes pending transitions; returns a bool mask of rows whose env emitted a segment."""
+    has = self.pending[env_ids]
+    ids = env_ids[has]
+    pos = self.count[ids]
+    self.rewards[ids, pos] = rows.reward[has]
+    self.terminated[ids, pos] = rows.terminated[has]
+    self.done[ids, pos] = rows.done[has]
+    self.valid[ids, pos] = ~rows.reset_step[has]
+    self.count[ids] += 1
+    self.pending[ids] = False
+    full = np.zeros(len(env_ids), bool)
+    full[has] = self.count[ids] == self.horizon
+    for r in np.flatnonzero(full):
+      i = env_ids[r]
+      for k, v in self.obs.items():
+        v[i, self.horizon] = rows.obs[k][r]
+      self._emit(Segment(
+          env_id=int(i), obs={k: v[i].copy() for k, v in self.obs.items()},
+          actions=self.actions[i].copy(), logp=self.logp[i].copy(), rewards=self.rewards[i].copy(),
+          terminated=self.terminated[i].copy(), done=self.done[i].copy(), valid=self.valid[i].copy(),
+          version=self.version[i].copy()))
+      self.count[i] = 0
+    return full
+
+  def needs_new_segment(self, env_ids: np.ndarray) -> np.ndarray:
+    """True for envs whose next action starts a segment (the staleness throttle counts these)."""
+    return self.count[env_ids] == 0
+
+  def start(self, env_ids: np.ndarray, obs: dict[str, np.ndarray], actions: Actions, version: int) -> None:
+    pos = self.count[env_ids]
+    for k, v in self.obs.items():
+      v[env_ids, pos] = obs[k]
+    self.actions[env_ids, pos] = actions.action
+    self.logp[env_ids, pos] = actions.logp
+    self.version[env_ids, pos] = version
+    self.pending[env_ids] = True

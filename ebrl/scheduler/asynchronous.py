@@ -1,0 +1,277 @@
+"""The ebrl scheduler: every env independent, stages overlapped, staleness bounded.
+
+Threads and what they exchange (small messages over queues, as Sample Factory):
+
+  group g (one per env group) : recv() whichever of its envs are ready
+                                -> ready queue -> waits for their actions -> send()
+  sampler                      : merges ready rows from all groups (up to
+                                 max_gen_batch rows or max_wait), closes each env's
+                                 pending transition in the TrajectoryAssembler,
+                                 generates actions with the newest params, and
+                                 replies to each group
+  learner                      : takes segments_per_update finished segments from
+                                 the TrajectoryQueue, runs the decoupled-PPO update,
+                                 publishes params with a new version
+
+A slow env never holds the others back: EnvPool returns envs as they finish
+(async mode), and the learner takes whichever segments are complete. Rollout
+overlaps training: the sampler switches to new params between batches without
+waiting. Staleness is bounded by the queue's capacity rule: an env whose next
+action would start a segment beyond (max_staleness + version + 1) *
+segments_per_update is parked until the learner catches up, while envs in the
+middle of a segment continue. With max_staleness = 0 this is on-policy PPO.
+
+Any exception in a thread stops the run and is re-raised by `run`.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ebrl.assembler import Segment, TrajectoryAssembler
+from ebrl.sampler import Actions
+from ebrl.trajectory_queue import TrajectoryQueue
+from ebrl.types import SegmentBatch
+from sim_adapters.base import StepBatch
+
+_WAKE = ("wake", None)
+_POLL_S = 0.05
+
+
+def stack_segments(segments: list[Segment]) -> SegmentBatch:
+  """Segments (each [T, ...]) side by side as a [T, B, ...] batch."""
+  stack = lambda xs: np.stack(xs, axis=1)
+  return SegmentBatch(
+      obs={k: stack([s.obs[k] for s in segments]) for k in segments[0].obs},
+      actions=stack([s.actions for s in segments]), logp=stack([s.logp for s in segments]),
+      rewards=stack([s.rewards for s in segments]), terminated=stack([s.terminated for s in segments]),
+      done=stack([s.done for s in segments]), valid=stack([s.valid for s in segments]),
+      version=stack([s.version for s in segments]))
+
+
+def _rows(b: StepBatch, idx: np.ndarray) -> dict[str, np.ndarray]:
+  return {k: v[idx] for k, v in b.obs.items()}
+
+
+class AsyncScheduler:
+
+  def __init__(self, trainer):
+    t = self.t = trainer
+    cfg = t.cfg.ebrl
+    self.groups = t.groups
+    # Default: every group's ready batch at once, so a full batch never waits out max_wait.
+    recv_batch = cfg.recv_batch or max(1, t.cfg.num_envs // len(self.groups) // 2)
+    self.max_gen_batch = cfg.max_gen_batch or recv_batch * len(self.groups)
+    self.max_wait_s = cfg.max_wait_ms / 1000.0
+    self.queue = TrajectoryQueue(cfg.segments_per_update or t.cfg.num_envs, cfg.max_staleness)
+    self.assembler = TrajectoryAssembler(t.spec, t.cfg.num_envs, t.cfg.rollout_length, self.queue.put)
+    self._ready: queue.Queue = queue.Queue()
+    self._replies = [queue.Queue() for _ in range(len(self.groups))]
+    self._late = [queue.Queue() for _ in range(len(self.groups))]
+    self._parked: list[tuple[int, np.ndarray, dict[str, np.ndarray]]] = []  # (group, local ids, obs)
+    self._stop = threading.Event()
+    self._errors: list[BaseException] = []
+
+  # -- lifecycle --------------------------------------------------------------
+
+  def run(self, total_env_steps: int) -> None:
+    self._total = total_env_steps
+    t = self.t
+    t.sampler.set_params(_copy(t.state.params), int(t.state.version))
+    self.queue.set_version(int(t.state.version))
+    threads = [threading.Thread(target=self._guard, args=(self._group_loop, g), name=f"group{g}", daemon=True)
+               for g in range(len(self.groups))]
+    threads.append(threading.Thread(target=self._guard, args=(self._sampler_loop,), name="sampler", daemon=True))
+    threads.append(threading.Thread(target=self._guard, args=(self._learner_loop,), name="learner", daemon=True))
+    for th in threads:
+      th.start()
+    try:
+      while not self._stop.is_set():
+        self._stop.wait(_POLL_S)
+    finally:
+      self._stop.set()
+      self.queue.close()
+      for th in threads:
+        th.join(timeout=10.0)
+      alive = [th.name for th in threads if th.is_alive()]
+    if self._errors:
+      raise self._errors[0]
+    if alive:
+      raise RuntimeError(f"stage threads did not stop within 10 s: {alive}")
+
+  def _guard(self, fn, *args) -> None:
+    try:
+      fn(*args)
+    except BaseException as e:  # pylint: disable=broad-except  # Surfaced by run().
+      self._errors.append(e)
+    finally:
+      self._stop.set()
+
+  def _stopping(self) -> bool:
+    if self.t.should_stop(self._total):
+      self._stop.set()
+    return self._stop.is_set()
+
+  # -- group threads: simulation ---------------------------------------------
+
+  def _group_loop(self, g: int) -> None:
+    adapter, clock, lane = self.groups[g], self.t.clock, f"group{g}"
+    adapter.reset()
+    in_flight = adapter.num_envs
+    while not self._stopping():
+      in_flight += self._send_late(g, block=in_flight == 0)
+      if in_flight == 0:
+        continue
+      with clock.stage("sim", lane=lane):
+        batch = adapter.recv()
+      in_flight -= len(batch)
+      self._ready.put((g, batch))
+      reply = self._wait(self._replies[g])
+      if reply is None:
+        return
+      ids, env_actions = reply
+      if len(ids):
+        adapter.send(env_actions, ids)
+        in_flight += len(ids)
+
+  def _send_late(self, g: int, block: bool) -> int:
+    """Sends actions generated for this group's parked envs; returns how many."""
+    sent = 0
+    while True:
+      try:
+        item = self._late[g].get(timeout=_POLL_S) if block and not sent else self._late[g].get_nowait()
+      except queue.Empty:
+        return sent
+      ids, env_actions = item
+      self.groups[g].send(env_actions, ids)
+      sent += len(ids)
+
+  def _wait(self, q: queue.Queue):
+    while not self._stop.is_set():
+      try:
+        return q.get(timeout=_POLL_S)
+      except queue.Empty:
+        continue
+    return None
+
+  # -- sampler thread: generation --------------------------------------------
+
+  def _collect(self) -> list[tuple[int, StepBatch]]:
+    """Ready batches: the first blocks briefly, then more until max_gen_batch rows, max_wait,
+    or a batch from every group (each group waits for its reply, so no more can come)."""
+    items, rows = [], 0
+    try:
+      first = self._ready.get(timeout=_POLL_S)
+    except queue.Empty:
+      return items
+    deadline = time.perf_counter() + self.max_wait_s
+    while True:
+      if first is not _WAKE:
+        items.append(first)
+        rows += len(first[1])
+      remaining = deadline - time.perf_counter()
+      if rows >= self.max_gen_batch or remaining <= 0 or len(items) == len(self.groups):
+        return items
+      try:
+        first = self._ready.get(timeout=remaining)
+      except queue.Empty:
+        return items
+
+  def _sampler_loop(self) -> None:
+    t = self.t
+    offsets = self.groups.offsets
+    while not self._stopping():
+      self._serve_parked()
+      items = self._collect()
+      if not items:
+        continue
+      gids = np.concatenate([b.env_ids + offsets[g] for g, b in items])
+      merged = StepBatch(
+          obs={k: np.concatenate([b.obs[k] for _, b in items]) for k in items[0][1].obs},
+          reward=np.concatenate([b.reward for _, b in items]),
+          terminated=np.concatenate([b.terminated for _, b in items]),
+          truncated=np.concatenate([b.truncated for _, b in items]),
+          success=np.concatenate([b.success for _, b in items]),
+          env_ids=gids, reset_step=np.concatenate([b.reset_step for _, b in items]))
+      closed = self.assembler.pending[gids]
+      t.tracker.observe(merged)
+      self.assembler.complete(gids, merged)
+      t.add_env_steps(int(closed.sum()))
+      # The staleness throttle: envs that would start a segment beyond capacity are parked.
+      serve = np.ones(len(gids), bool)
+      starts = np.flatnonzero(self.assembler.needs_new_segment(gids))
+      granted = self.queue.try_start(len(starts))
+      serve[starts[granted:]] = False
+      acts = self._generate(merged.obs, gids, serve)
+      # Reply to every group (possibly with no actions: its envs are parked).
+      start = 0
+      for g, b in items:
+        rows = slice(start, start + len(b))
+        start += len(b)
+        mine = serve[rows]
+        self._replies[g].put((b.env_ids[mine], acts[rows][mine] if acts is not None else None))
+        if (~mine).any():
+          idx = np.flatnonzero(~mine)
+          self._parked.append((g, b.env_ids[idx], _rows(b, idx)))
+    for r in self._replies:
+      r.put(None)
+
+  def _generate(self, obs, gids, serve) -> np.ndarray | None:
+    """Actions for the served rows; returns env actions for all rows (parked rows: zeros)."""
+    if not serve.any():
+      return None
+    idx = np.flatnonzero(serve)
+    with self.t.clock.stage("gen", lane="sampler"):
+      acts, version = self.t.sampler.act({k: v[idx] for k, v in obs.items()}, pad=True)
+    self.assembler.start(gids[idx], {k: v[idx] for k, v in obs.items()}, acts, version)
+    env_actions = np.zeros((len(gids), acts.env_action.shape[1]), np.float32)
+    env_actions[idx] = acts.env_action
+    return env_actions
+
+  def _serve_parked(self) -> None:
+    """Generates for parked envs once the learner has made room, oldest first."""
+    if not self._parked:
+      return
+    offsets = self.groups.offsets
+    keep = []
+    for g, ids, obs in self._parked:
+      granted = self.queue.try_start(len(ids))
+      if granted:
+        go = slice(0, granted)
+        sub = {k: v[go] for k, v in obs.items()}
+        with self.t.clock.stage("gen", lane="sampler"):
+          acts, version = self.t.sampler.act(sub, pad=True)
+        self.assembler.start(ids[go] + offsets[g], sub, acts, version)
+        self._late[g].put((ids[go], acts.env_action))
+      if granted < len(ids):
+        rest = slice(granted, None)
+        keep.append((g, ids[rest], {k: v[rest] for k, v in obs.items()}))
+    self._parked = keep
+
+  # -- learner thread: update -------------------------------------------------
+
+  def _learner_loop(self) -> None:
+    t = self.t
+    while not self._stopping():
+      segments = self.queue.get_batch(timeout=_POLL_S)
+      if segments is None:
+        continue
+      batch = stack_segments(segments)
+      with t.clock.stage("train", lane="learner"):
+        t.state, metrics = t.learner.update_segments(t.state, batch)
+        jax.block_until_ready(t.state)
+      # The sampler gets its own copy: the next update donates (frees) this state.
+      t.sampler.set_params(_copy(t.state.params), int(t.state.version))
+      self.queue.set_version(int(t.state.version))
+      self._ready.put(_WAKE)
+      t.after_update(metrics)
+
+
+def _copy(tree):
+  return jax.tree.map(jnp.copy, tree)

@@ -120,7 +120,10 @@ def main(argv: list[str]) -> None:
   if _SECONDS.value <= 0:
     raise UserError(f"--seconds={_SECONDS.value} must be positive")
   import jax  # pylint: disable=g-import-not-at-top
-  config_lib.validate(base, jax.local_device_count())
+  for name in _SCHEDULERS.value:  # Every scheduler's config, before anything runs.
+    cfg = base.copy_and_resolve_references()
+    cfg.scheduler = name
+    config_lib.validate(cfg, jax.local_device_count())
 
   results = {}
   with tempfile.TemporaryDirectory(prefix="ebrl-bench-") as tmp:

@@ -16,6 +16,9 @@ if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
 import jax  # pylint: disable=g-import-not-at-top
+import pytest  # pylint: disable=g-import-not-at-top
+
+from sim_adapters import make_adapter  # pylint: disable=g-import-not-at-top
 
 jax.config.update("jax_compilation_cache_dir", CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)
@@ -23,3 +26,18 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)
 
 def pytest_configure(config):
   config.addinivalue_line("markers", "slow: takes more than ~20 s; run with -m slow")
+
+
+@pytest.fixture
+def make():
+  """make_adapter, closing every adapter it built when the test ends."""
+  made = []
+
+  def _make(name, num_envs, **kwargs):
+    adapter = make_adapter(name, num_envs, **kwargs)
+    made.append(adapter)
+    return adapter
+
+  yield _make
+  for adapter in made:
+    adapter.close()

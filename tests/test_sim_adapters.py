@@ -35,21 +35,6 @@ FAMILIES = [
 ]
 
 
-@pytest.fixture
-def make():
-  """make_adapter, closing every adapter it built when the test ends."""
-  made = []
-
-  def _make(name, num_envs, **kwargs):
-    adapter = make_adapter(name, num_envs, **kwargs)
-    made.append(adapter)
-    return adapter
-
-  yield _make
-  for adapter in made:
-    adapter.close()
-
-
 def random_actions(spec, n, rng):
   return rng.uniform(spec.action_low, spec.action_high, size=(n, spec.action_dim)).astype(np.float32)
 

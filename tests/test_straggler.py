@@ -15,7 +15,6 @@ import time
 import numpy as np
 import pytest
 
-from sim_adapters import make_adapter
 from sim_adapters.base import EnvSpec, ObsSpec, StepBatch
 from sim_adapters.envpool_adapter import concat_sorted, gather_all
 from sim_adapters.straggler import StragglerAdapter, straggler_set
@@ -23,21 +22,6 @@ from sim_adapters.straggler import StragglerAdapter, straggler_set
 STEP_S = 0.02  # the fixed per-env step time every timing test uses
 SLOWDOWN = 5.0
 EXTRA_S = (SLOWDOWN - 1) * STEP_S  # a straggler row's extra latency: 0.08 s
-
-
-@pytest.fixture
-def make():
-  """make_adapter, closing every adapter it built when the test ends."""
-  made = []
-
-  def _make(name, num_envs, **kwargs):
-    adapter = make_adapter(name, num_envs, **kwargs)
-    made.append(adapter)
-    return adapter
-
-  yield _make
-  for adapter in made:
-    adapter.close()
 
 
 def _actions(adapter, n, rng):

@@ -222,3 +222,37 @@ def test_stage_exception_surfaces_as_the_runs_error(tmp_path):
     make_scheduler("ebrl", trainer).run(10**9)
   assert not _stage_threads()
   trainer.adapter.close()
+
+
+def test_ctrl_c_stops_threads_saves_checkpoint_and_summary(tmp_path):
+  """SIGINT mid-run: the run ends within 10 s with a checkpoint and summary.json."""
+  import json  # pylint: disable=g-import-not-at-top
+  import os
+  import signal
+  import subprocess
+  import sys
+  import time
+
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  workdir = tmp_path / "run"
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "launch.train", "--progress=false", f"--workdir={workdir}",
+       "--config.scheduler=ebrl", "--config.num_envs=8", "--config.rollout_length=8",
+       "--config.policy.hidden=(16,16)", "--config.algorithm.num_minibatches=2", "--config.log_every_s=0.2"],
+      cwd=root, env={**os.environ, "PYTHONPATH": root}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+  try:
+    deadline = time.time() + 120
+    while not (workdir / "metrics.jsonl").exists() or not (workdir / "metrics.jsonl").read_text().strip():
+      assert time.time() < deadline and proc.poll() is None, "the run never started logging"
+      time.sleep(0.2)
+    sent = time.time()
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+  finally:
+    proc.kill()
+  assert time.time() - sent < 10, out
+  assert proc.returncode == 0, out
+  summary = json.loads((workdir / "summary.json").read_text())
+  assert 0 < summary["env_steps"] < 600_000
+  assert str(summary["env_steps"]) in os.listdir(workdir / "checkpoints")

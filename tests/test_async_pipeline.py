@@ -235,12 +235,14 @@ def test_ctrl_c_stops_threads_saves_checkpoint_and_summary(tmp_path):
 
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   workdir = tmp_path / "run"
-  proc = subprocess.Popen(
-      [sys.executable, "-m", "launch.train", "--progress=false", f"--workdir={workdir}",
-       "--config.scheduler=ebrl", "--config.num_envs=8", "--config.rollout_length=8",
-       "--config.policy.hidden=(16,16)", "--config.algorithm.num_minibatches=2", "--config.log_every_s=0.2"],
-      cwd=root, env={**os.environ, "PYTHONPATH": root}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+  args = ["launch.train", "--progress=false", f"--workdir={workdir}", "--config.scheduler=ebrl",
+          "--config.num_envs=8", "--config.rollout_length=8", "--config.policy.hidden=(16,16)",
+          "--config.algorithm.num_minibatches=2", "--config.log_every_s=0.2"]
+  # Python leaves SIGINT ignored when its parent ignored it (background jobs): re-arm it in the child.
+  boot = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+          f"sys.argv = {args!r}; runpy.run_module('launch.train', run_name='__main__')")
+  proc = subprocess.Popen([sys.executable, "-c", boot], cwd=root, env={**os.environ, "PYTHONPATH": root},
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   try:
     deadline = time.time() + 120
     while not (workdir / "metrics.jsonl").exists() or not (workdir / "metrics.jsonl").read_text().strip():

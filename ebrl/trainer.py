@@ -59,15 +59,15 @@ class Trainer:
     self.launch_time = launch_time or time.time()
     config_lib.validate(cfg, jax.local_device_count())
     config_lib.check_workdir(self.workdir)
-    num_groups, recv_batch = 1, None
+    num_groups, self.recv_batch = 1, None
     if cfg.scheduler == "ebrl":
       num_groups = cfg.ebrl.num_groups
-      recv_batch = cfg.ebrl.recv_batch or max(1, cfg.num_envs // num_groups // 2)
+      self.recv_batch = cfg.ebrl.recv_batch or max(1, cfg.num_envs // num_groups // 2)
     elif cfg.scheduler == "pipelined":
       num_groups = cfg.pipelined.num_stages
     try:
       self.groups = make_env_groups(
-          cfg.env.name, cfg.num_envs, num_groups, recv_batch=recv_batch, num_threads=cfg.env.num_threads,
+          cfg.env.name, cfg.num_envs, num_groups, recv_batch=self.recv_batch, num_threads=cfg.env.num_threads,
           seed=cfg.seed, max_episode_steps=cfg.env.max_episode_steps, from_pixels=cfg.env.from_pixels,
           render_size=cfg.env.render_size, straggler_fraction=cfg.env.straggler_fraction,
           straggler_slowdown=cfg.env.straggler_slowdown,

@@ -66,8 +66,7 @@ class AsyncScheduler:
     cfg = t.cfg.ebrl
     self.groups = t.groups
     # Default: every group's ready batch at once, so a full batch never waits out max_wait.
-    recv_batch = cfg.recv_batch or max(1, t.cfg.num_envs // len(self.groups) // 2)
-    self.max_gen_batch = cfg.max_gen_batch or recv_batch * len(self.groups)
+    self.max_gen_batch = cfg.max_gen_batch or t.recv_batch * len(self.groups)
     self.max_wait_s = cfg.max_wait_ms / 1000.0
     self.queue = TrajectoryQueue(cfg.segments_per_update or t.cfg.num_envs, cfg.max_staleness)
     self.assembler = TrajectoryAssembler(t.spec, t.cfg.num_envs, t.cfg.rollout_length, self.queue.put)

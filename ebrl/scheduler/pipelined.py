@@ -9,11 +9,13 @@ in the synchronous baseline.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import numpy as np
 
 from ebrl.rollout import RolloutBuffer
-from sim_adapters.envpool_adapter import concat_sorted, gather_all
+from sim_adapters.envpool_adapter import gather_all
 
 
 class PipelinedScheduler:
@@ -70,7 +72,5 @@ class PipelinedScheduler:
 
 
 def _global(batch, offset):
-  """The batch with group-local env ids shifted to global ones."""
-  b = concat_sorted([batch])
-  b.env_ids = b.env_ids + offset
-  return b
+  """A copy of the batch header with group-local env ids shifted to global ones."""
+  return dataclasses.replace(batch, env_ids=batch.env_ids + offset)

@@ -24,13 +24,14 @@ from ebrl.checkpointing import Checkpointer
 from ebrl.errors import UserError
 from ebrl.learner import Learner, LearnerConfig
 from ebrl.sampler import Sampler
+from ebrl.scheduler.device import DeviceEpisodeTracker
 from ebrl.telemetry import plots
 from ebrl.telemetry.episodes import EpisodeTracker
 from ebrl.telemetry.stages import StageClock
 from ebrl.telemetry.trace import Tracer
 from ebrl.telemetry.writers import MetricsWriter, read_jsonl, write_json
 from policies import IncompatibleObservationError, make_policy
-from sim_adapters import make_env_groups
+from sim_adapters import is_device_env, make_env_groups
 from sim_adapters.envpool_adapter import UnsupportedEnvError
 
 
@@ -65,17 +66,11 @@ class Trainer:
       self.recv_batch = cfg.ebrl.recv_batch or max(1, cfg.num_envs // num_groups // 2)
     elif cfg.scheduler == "pipelined":
       num_groups = cfg.pipelined.num_stages
-    try:
-      self.groups = make_env_groups(
-          cfg.env.name, cfg.num_envs, num_groups, recv_batch=self.recv_batch, num_threads=cfg.env.num_threads,
-          seed=cfg.seed, max_episode_steps=cfg.env.max_episode_steps, from_pixels=cfg.env.from_pixels,
-          render_size=cfg.env.render_size, straggler_fraction=cfg.env.straggler_fraction,
-          straggler_slowdown=cfg.env.straggler_slowdown,
-          straggler_step_s=cfg.env.straggler_step_ms / 1000.0 or None)
-    except (UnsupportedEnvError, ValueError) as e:
-      raise UserError(str(e)) from None
-    # One group is the plain single-adapter case the sync and random schedulers drive.
-    self.adapter = self.groups[0] if len(self.groups) == 1 else self.groups
+    self.device_sim = None
+    if is_device_env(cfg.env.name):
+      self._build_device_sim(cfg)
+    else:
+      self._build_host_groups(cfg, num_groups)
     self.spec = self.adapter.spec
     try:
       self.policy = make_policy(cfg.policy.name, self.spec, cfg.policy)
@@ -87,7 +82,8 @@ class Trainer:
 
     self.learner = Learner(self.policy, learner_config(cfg))
     self.sampler = Sampler(self.policy, self.spec, seed=cfg.seed + 1)
-    self.tracker = EpisodeTracker(cfg.num_envs, self.spec.has_success)
+    tracker_cls = EpisodeTracker if self.device_sim is None else DeviceEpisodeTracker
+    self.tracker = tracker_cls(cfg.num_envs, self.spec.has_success)
     self.tracer = Tracer()
     self.clock = StageClock(self.tracer)
     self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"), keep=cfg.keep_checkpoints,
@@ -111,6 +107,42 @@ class Trainer:
     self.update_hooks: list = []  # Called as hook(trainer) after every update.
     self.bar = tqdm.tqdm(total=cfg.total_env_steps, initial=self.env_steps, unit="step", unit_scale=True,
                          mininterval=1.0, dynamic_ncols=True, disable=not progress)
+
+  def _build_host_groups(self, cfg, num_groups: int) -> None:
+    """EnvPool env groups (host simulators) for the sync / pipelined / ebrl schedulers."""
+    try:
+      self.groups = make_env_groups(
+          cfg.env.name, cfg.num_envs, num_groups, recv_batch=self.recv_batch, num_threads=cfg.env.num_threads,
+          seed=cfg.seed, max_episode_steps=cfg.env.max_episode_steps, from_pixels=cfg.env.from_pixels,
+          render_size=cfg.env.render_size, straggler_fraction=cfg.env.straggler_fraction,
+          straggler_slowdown=cfg.env.straggler_slowdown,
+          straggler_step_s=cfg.env.straggler_step_ms / 1000.0 or None)
+    except (UnsupportedEnvError, ValueError) as e:
+      raise UserError(str(e)) from None
+    # One group is the plain single-adapter case the sync and random schedulers drive.
+    self.adapter = self.groups[0] if len(self.groups) == 1 else self.groups
+
+  def _build_device_sim(self, cfg) -> None:
+    """One DeviceSim over every local device, driven by the fused rollout (ebrl/scheduler/device.py)."""
+    from ebrl.scheduler import DEVICE_SCHEDULERS
+    from sim_adapters.mjx import make_device_sim
+    from sim_adapters.mjx.device_sim import make_sim_mesh
+
+    if cfg.scheduler not in DEVICE_SCHEDULERS:
+      raise UserError(f"scheduler '{cfg.scheduler}' cannot drive device env '{cfg.env.name}'; "
+                      f"valid: {', '.join(DEVICE_SCHEDULERS)}")
+    unsupported = {"env.from_pixels": cfg.env.from_pixels, "env.straggler_fraction": cfg.env.straggler_fraction,
+                   "env.straggler_step_ms": cfg.env.straggler_step_ms}
+    for key, value in unsupported.items():
+      if value:
+        raise UserError(f"{key}={value!r} is not supported for device env '{cfg.env.name}' (host envs only)")
+    try:
+      self.device_sim = make_device_sim(cfg.env.name, cfg.num_envs, max_episode_steps=cfg.env.max_episode_steps,
+                                        mesh=make_sim_mesh())
+    except (ValueError, RuntimeError) as e:
+      raise UserError(str(e)) from None
+    self.groups = None
+    self.adapter = self.device_sim
 
   # -- resume / checkpoint --------------------------------------------------
 

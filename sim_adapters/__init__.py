@@ -3,7 +3,9 @@
 Host simulators come from EnvPool (any EnvPool task id: MetaWorld/<Task>-v3,
 MuJoCo Playground CPU ports such as PandaPickCube-v1, Gymnasium MuJoCo such as
 Ant-v4, DM Control such as CartpoleBalance-v1) plus the multi-task mix
-MetaWorld/MT10.
+MetaWorld/MT10. Device simulators (`mjx:<PlaygroundName>`, `brax:<name>`)
+follow the DeviceSim contract instead and are built by `make_device_sim`
+(sim_adapters/mjx/).
 """
 
 from __future__ import annotations
@@ -30,12 +32,20 @@ def known_env_names() -> tuple[str, ...]:
 
 def check_env_name(name: str) -> None:
   """Raises UnknownEnvError naming the closest valid names."""
+  from sim_adapters import mjx
+
+  if mjx.is_device_env(name):
+    try:
+      mjx.check_device_env_name(name)
+    except ValueError as e:
+      raise UnknownEnvError(str(e)) from None
+    return
   names = known_env_names()
   if name in names:
     return
   lowered = {n.lower(): n for n in names}
-  close = difflib.get_close_matches(name.lower(), list(lowered), n=3, cutoff=0.6)
-  hint = ", ".join(lowered[c] for c in close) if close else "MetaWorld/Reach-v3, MetaWorld/MT10, CartpoleBalance-v1"
+  hints = [lowered[c] for c in difflib.get_close_matches(name.lower(), list(lowered), n=3, cutoff=0.6)]
+  hint = ", ".join(hints) if hints else "MetaWorld/Reach-v3, MetaWorld/MT10, CartpoleBalance-v1"
   raise UnknownEnvError(f"unknown env '{name}'; closest valid names: {hint}")
 
 
@@ -50,6 +60,10 @@ def make_adapter(name: str, num_envs: int, *, batch_size: int | None = None, num
   policy/observation mismatch is reported before any simulation or rendering.
   """
   check_env_name(name)
+  from sim_adapters import mjx
+
+  if mjx.is_device_env(name):
+    raise UnknownEnvError(f"env '{name}' is a device simulator: build it with sim_adapters.mjx.make_device_sim")
   kwargs = dict(batch_size=batch_size, num_threads=num_threads,
                 thread_affinity_offset=thread_affinity_offset, seed=seed,
                 max_episode_steps=max_episode_steps)
@@ -92,5 +106,12 @@ def make_env_groups(name: str, num_envs: int, num_groups: int = 1, *, recv_batch
   ])
 
 
+def is_device_env(name: str) -> bool:
+  """Whether `name` is a device simulator (`mjx:...` or `brax:...`)."""
+  from sim_adapters import mjx
+
+  return mjx.is_device_env(name)
+
+
 __all__ = ["EnvSpec", "ObsSpec", "SimAdapter", "StepBatch", "UnknownEnvError",
-           "check_env_name", "known_env_names", "make_adapter", "make_env_groups"]
+           "check_env_name", "is_device_env", "known_env_names", "make_adapter", "make_env_groups"]

@@ -1,9 +1,21 @@
-"""Schedulers wire simulation, generation and update: sync | pipelined | ebrl."""
+"""Schedulers wire simulation, generation and update: sync | pipelined | ebrl.
+
+A run on a device simulator (trainer.device_sim set: mjx:..., brax:...) runs
+`sync` and `random` as one fused on-device rollout per update (device.py).
+"""
 
 from __future__ import annotations
 
+DEVICE_SCHEDULERS = ("sync", "random")
+
 
 def make_scheduler(name: str, trainer):
+  if getattr(trainer, "device_sim", None) is not None:
+    if name not in DEVICE_SCHEDULERS:
+      raise ValueError(f"scheduler '{name}' cannot drive device env '{trainer.cfg.env.name}'; "
+                       f"valid: {', '.join(DEVICE_SCHEDULERS)}")
+    from ebrl.scheduler.device import DeviceScheduler
+    return DeviceScheduler(trainer, learn=name == "sync")
   if name == "sync":
     from ebrl.scheduler.sync import SyncScheduler
     return SyncScheduler(trainer)

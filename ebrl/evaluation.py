@@ -1,0 +1,136 @@
+"""Policy evaluation on either backend: host (EnvPool) or device (mjx:, brax:) envs.
+
+Each of n envs runs exactly one episode and its first episode is the one
+counted, so tasks with early terminations are not biased towards short
+episodes. Actions are sampled as in training and clipped to the env bounds.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ebrl.errors import UserError
+from sim_adapters import is_device_env
+from sim_adapters.base import EnvSpec
+
+
+class FirstEpisodes:
+  """The first finished episode of each of n envs."""
+
+  def __init__(self, n: int):
+    self.ret = np.full(n, np.nan)
+    self.length = np.zeros(n, np.int64)
+    self.success = np.full(n, np.nan)
+    self.seen = np.zeros(n, bool)
+
+  def record(self, done: np.ndarray, ret: np.ndarray, length: np.ndarray, success: np.ndarray) -> None:
+    new = done & ~self.seen
+    self.ret[new], self.length[new], self.success[new] = ret[new], length[new], success[new]
+    self.seen |= new
+
+  @property
+  def complete(self) -> bool:
+    return bool(self.seen.all())
+
+  def summary(self, has_success: bool) -> dict:
+    sr = float(np.mean(self.success > 0)) if has_success else None
+    return {"episodes": int(self.seen.sum()), "episode_return": float(np.mean(self.ret)),
+            "episode_length": float(np.mean(self.length)), "success_rate": sr}
+
+
+def spec_of(name: str, max_episode_steps: int = 0) -> EnvSpec:
+  """The EnvSpec of `name` without simulating anything."""
+  if is_device_env(name):
+    from sim_adapters.mjx import make_device_sim
+    return make_device_sim(name, 1, max_episode_steps=max_episode_steps).spec
+  from sim_adapters import make_adapter
+  adapter = make_adapter(name, 1, max_episode_steps=max_episode_steps)
+  adapter.close()
+  return adapter.spec
+
+
+def check_same_observations(trained: EnvSpec, spec: EnvSpec) -> None:
+  """UserError unless a policy trained on `trained` can act in `spec`."""
+  shapes = lambda s: {k: tuple(v.shape) for k, v in s.obs.items()}
+  if shapes(trained) != shapes(spec) or trained.action_dim != spec.action_dim:
+    raise UserError(f"the checkpoint was trained on '{trained.name}' (obs {shapes(trained)}, "
+                    f"{trained.action_dim} actions); '{spec.name}' gives obs {shapes(spec)}, {spec.action_dim} actions")
+
+
+class HostRunner:
+  """One episode per env on an EnvPool adapter, stepped synchronously."""
+
+  def __init__(self, name: str, n: int, seed: int, max_episode_steps: int = 0):
+    from sim_adapters import make_adapter
+    self.adapter = make_adapter(name, n, seed=seed, max_episode_steps=max_episode_steps)
+    self.spec, self.n, self.seed = self.adapter.spec, n, seed
+
+  def run(self, policy, params) -> dict:
+    from ebrl.sampler import Sampler
+    from sim_adapters.envpool_adapter import gather_all
+
+    sampler = Sampler(policy, self.spec, seed=self.seed)
+    sampler.set_params(params, 0)
+    first = FirstEpisodes(self.n)
+    ret, length, succ = np.zeros(self.n), np.zeros(self.n, np.int64), np.zeros(self.n)
+    self.adapter.reset()
+    obs = gather_all(self.adapter, self.n).obs
+    try:
+      while not first.complete:
+        acts, _ = sampler.act(obs)
+        b = self.adapter.step(acts.env_action)
+        real = ~b.reset_step
+        ret += np.where(real, b.reward, 0.0)
+        length += real
+        succ = np.fmax(succ, np.where(real, b.success, 0.0))
+        first.record(b.done, ret, length, succ)
+        ret[b.done], length[b.done], succ[b.done] = 0.0, 0, 0.0
+        obs = b.obs
+    finally:
+      self.adapter.close()
+    return first.summary(self.spec.has_success)
+
+
+class DeviceRunner:
+  """One episode per env on a DeviceSim, in jitted chunks of steps."""
+
+  def __init__(self, name: str, n: int, seed: int, max_episode_steps: int = 0):
+    from sim_adapters.mjx import make_device_sim
+    self.sim = make_device_sim(name, n, max_episode_steps=max_episode_steps)
+    self.spec, self.n, self.seed = self.sim.spec, n, seed
+
+  def run(self, policy, params) -> dict:
+    sim = self.sim
+    low, high = jnp.asarray(self.spec.action_low), jnp.asarray(self.spec.action_high)
+    chunk = min(100, self.spec.max_episode_steps)
+
+    @jax.jit
+    def steps(state, key):
+      def body(state, k):
+        action = policy.sample(params, state.obs, k)[0]
+        state = sim._step(state, jnp.clip(action, low, high))  # pylint: disable=protected-access
+        return state, (state.done, state.done_return, state.done_length, state.done_success)
+      return jax.lax.scan(body, state, jax.random.split(key, chunk))
+
+    key = jax.random.PRNGKey(self.seed)
+    state = sim.reset(jax.random.fold_in(key, 0))
+    first = FirstEpisodes(self.n)
+    for i in range(1, math.ceil(self.spec.max_episode_steps / chunk) + 2):
+      state, rows = steps(state, jax.random.fold_in(key, i))
+      for t_rows in zip(*(np.asarray(x) for x in rows)):
+        first.record(*t_rows)
+      if first.complete:
+        break
+    return first.summary(self.spec.has_success)
+
+
+def make_runner(name: str, n: int, seed: int, max_episode_steps: int = 0):
+  cls = DeviceRunner if is_device_env(name) else HostRunner
+  try:
+    return cls(name, n, seed, max_episode_steps)
+  except (ValueError, RuntimeError) as e:
+    raise UserError(str(e)) from None

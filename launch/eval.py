@@ -1,0 +1,101 @@
+"""Evaluate a trained policy on a host (EnvPool) or device (mjx:, brax:) env.
+
+  python -m launch.eval --checkpoint=runs/panda --env=PandaPickCube-v1 --episodes=64
+  python -m launch.eval --checkpoint=runs/panda --env=mjx:PandaPickCube
+
+--checkpoint is a run's workdir (its config.json names the policy; the newest
+readable checkpoint is loaded). --env defaults to the env it was trained on
+and may name the same task on the other backend (their observations and
+actions correspond; see README, "Device simulators"). Every one of
+`--episodes` envs runs exactly one episode with the policy sampling as in
+training, so short episodes are not over-counted. Prints one JSON line:
+env, episodes, episode_return, episode_length, success_rate (null when the
+task has no success signal), checkpoint_env_steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from absl import flags
+
+from launch import common
+
+_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Run workdir holding config.json and checkpoints/.")
+_ENV = flags.DEFINE_string("env", None, "Env to evaluate on (default: the env the run trained on).")
+_EPISODES = flags.DEFINE_integer("episodes", 32, "Episodes to evaluate (one per env).")
+_SEED = flags.DEFINE_integer("seed", 12345, "Seed of the eval envs and action samples.")
+_OUT = flags.DEFINE_string("out", None, "Also write the result JSON here.")
+
+
+def _load_run_config(workdir: str):
+  import ml_collections
+
+  from ebrl.errors import UserError
+
+  path = os.path.join(workdir, "config.json")
+  if not os.path.isfile(path):
+    raise UserError(f"--checkpoint={workdir} is not a run workdir (no config.json)")
+  with open(path) as f:
+    return ml_collections.ConfigDict(json.load(f))
+
+
+def _restore(workdir: str, cfg, policy):
+  import jax
+
+  from ebrl.checkpointing import Checkpointer
+  from ebrl.errors import UserError
+  from ebrl.learner import init_train_state
+  from ebrl.trainer import learner_config
+
+  template = init_train_state(policy, learner_config(cfg), jax.random.PRNGKey(0))
+  ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), warn=lambda m: None)
+  try:
+    restored = ckpt.restore_latest(template)
+  finally:
+    ckpt.close()
+  if restored is None:
+    raise UserError(f"no checkpoint in {os.path.join(workdir, 'checkpoints')}")
+  return restored
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    common.fail(f"unexpected arguments {argv[1:]}")
+  if not _CHECKPOINT.value:
+    common.fail("--checkpoint=<run workdir> is required")
+  if _EPISODES.value <= 0:
+    common.fail(f"--episodes={_EPISODES.value} must be positive")
+  common.enable_compilation_cache()
+  from ebrl.errors import UserError
+  from ebrl import evaluation
+  from policies import IncompatibleObservationError, make_policy
+  from sim_adapters import UnknownEnvError, check_env_name
+
+  workdir = os.path.abspath(_CHECKPOINT.value)
+  cfg = _load_run_config(workdir)
+  env_name = _ENV.value or cfg.env.name
+  try:
+    check_env_name(env_name)
+  except UnknownEnvError as e:
+    raise UserError(str(e)) from None
+  runner = evaluation.make_runner(env_name, _EPISODES.value, _SEED.value, cfg.env.max_episode_steps)
+  train_spec = evaluation.spec_of(cfg.env.name) if env_name != cfg.env.name else runner.spec
+  evaluation.check_same_observations(train_spec, runner.spec)
+  try:
+    policy = make_policy(cfg.policy.name, runner.spec, cfg.policy)
+  except IncompatibleObservationError as e:
+    raise UserError(str(e)) from None
+  state, meta = _restore(workdir, cfg, policy)
+  result = {"env": env_name, "trained_on": cfg.env.name, **runner.run(policy, state.params),
+            "checkpoint_env_steps": int(meta["env_steps"])}
+  line = json.dumps(result)
+  print(line)
+  if _OUT.value:
+    with open(_OUT.value, "w") as f:
+      f.write(line + "\n")
+
+
+if __name__ == "__main__":
+  common.run(main)

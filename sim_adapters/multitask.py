@@ -3,15 +3,28 @@
 Each env carries its task id (a one-hot `task` observation, as the MT10
 baselines feed it to the policy) and its task's instruction text
 (`adapter.instructions[env_id]`), which language-conditioned policies use.
-Env ids are global: task k owns ids [k * per_task, (k + 1) * per_task).
+Env ids are global: task k owns ids [offsets[k], offsets[k + 1]); with
+num_envs not a multiple of ten the first tasks get one env more.
+
+Two ways of receiving, one per use:
+* sync (`batch_size` unset): `step` sends every env and `recv` visits the pools
+  that owe results in turn; a barrier step needs every pool anyway.
+* async (`batch_size < num_envs`): a receiver thread per pool waits on that
+  pool's `recv` (EnvPool releases the GIL there) and queues what it gets, so
+  `recv` returns whatever any pool has ready. Visiting pools in turn would block
+  on one slow task while nine others have envs waiting for actions, and MT10's
+  tasks differ several-fold in step and reset cost.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
+
 import numpy as np
 
 from sim_adapters.base import EnvSpec, ObsSpec, StepBatch
-from sim_adapters.envpool_adapter import EnvPoolAdapter, gather_all
+from sim_adapters.envpool_adapter import EnvPoolAdapter, concat_sorted, gather_all
 
 # The MT10 task list and one instruction per task (MetaWorld's task descriptions).
 MT10_TASKS: dict[str, str] = {
@@ -28,28 +41,35 @@ MT10_TASKS: dict[str, str] = {
 }
 
 
+def task_shares(num_envs: int, num_tasks: int) -> np.ndarray:
+  """Envs per task: as even as possible, the first tasks one more."""
+  if num_envs < num_tasks:
+    raise ValueError(f"MetaWorld/MT10 needs at least {num_tasks} envs (one per task), got {num_envs}")
+  return np.array([num_envs // num_tasks + (k < num_envs % num_tasks) for k in range(num_tasks)], np.int64)
+
+
 class MultiTaskAdapter:
   """MetaWorld/MT10 behind the SimAdapter contract."""
 
   def __init__(self, num_envs: int, *, batch_size: int | None = None, seed: int = 0,
                num_threads: int = 0, thread_affinity_offset: int = -1, **kwargs):
     num_tasks = len(MT10_TASKS)
-    if num_envs % num_tasks:
-      raise ValueError(f"MetaWorld/MT10 needs num_envs divisible by {num_tasks}, got {num_envs}")
     self.num_envs = num_envs
-    self.per_task = num_envs // num_tasks
-    per_batch = None
-    if batch_size is not None and batch_size < num_envs:
-      per_batch = max(1, batch_size // num_tasks)
+    shares = task_shares(num_envs, num_tasks)
+    self.offsets = np.concatenate([[0], np.cumsum(shares)]).astype(np.int32)
+    self.is_async = batch_size is not None and batch_size < num_envs
     # Few threads per pool: ten pools share the machine's cores.
     threads = num_threads if num_threads > 0 else 1
-    self._subs = [
-        EnvPoolAdapter(f"MetaWorld/{task}", self.per_task, batch_size=per_batch, seed=seed + 1000 * k,
-                       num_threads=threads, thread_affinity_offset=thread_affinity_offset, **kwargs)
-        for k, task in enumerate(MT10_TASKS)
-    ]
-    self.task_ids = np.repeat(np.arange(num_tasks, dtype=np.int32), self.per_task)
-    self.instructions = [MT10_TASKS[t] for t in MT10_TASKS for _ in range(self.per_task)]
+    self._subs = []
+    for k, task in enumerate(MT10_TASKS):
+      n = int(shares[k])
+      # Async: each pool returns about half its envs at a time (never all, so it stays async).
+      per_batch = max(1, min(n - 1, -(-n * batch_size // num_envs))) if self.is_async and n > 1 else None
+      self._subs.append(EnvPoolAdapter(f"MetaWorld/{task}", n, batch_size=per_batch, seed=seed + 1000 * k,
+                                       num_threads=threads, thread_affinity_offset=thread_affinity_offset,
+                                       **kwargs))
+    self.task_ids = np.repeat(np.arange(num_tasks, dtype=np.int32), shares)
+    self.instructions = [MT10_TASKS[t] for t, n in zip(MT10_TASKS, shares) for _ in range(n)]
     self._onehot = np.eye(num_tasks, dtype=np.float32)
     base = self._subs[0].spec
     self.spec = EnvSpec(
@@ -57,36 +77,83 @@ class MultiTaskAdapter:
         obs={**base.obs, "task": ObsSpec((num_tasks,), np.dtype(np.float32))},
         action_dim=base.action_dim, action_low=base.action_low, action_high=base.action_high,
         max_episode_steps=base.max_episode_steps, has_success=True, num_tasks=num_tasks)
-    self._outstanding = np.zeros(num_tasks, np.int64)
+    self._outstanding = np.zeros(num_tasks, np.int64)  # Envs sent to pool k and not yet received.
     self._next = 0
+    # Async mode: receiver threads, started by the first reset.
+    self._cond = threading.Condition()
+    self._ready: queue.Queue = queue.Queue()
+    self._receivers: list[threading.Thread] = []
+    self._closed = False
 
   @property
   def nan_resets(self) -> int:
     return sum(s.nan_resets for s in self._subs)
 
+  def _label(self, k: int, b: StepBatch) -> StepBatch:
+    b.env_ids = b.env_ids + self.offsets[k]
+    b.obs["task"] = self._onehot[np.full(len(b), k)]
+    return b
+
   def reset(self) -> None:
-    for k, sub in enumerate(self._subs):
-      sub.reset()
-      self._outstanding[k] = self.per_task
+    with self._cond:
+      for k, sub in enumerate(self._subs):
+        sub.reset()
+        self._outstanding[k] = sub.num_envs
+      self._cond.notify_all()
+    if self.is_async and not self._receivers:
+      self._receivers = [threading.Thread(target=self._receive, args=(k,), name=f"mt10-recv{k}", daemon=True)
+                         for k in range(len(self._subs))]
+      for th in self._receivers:
+        th.start()
 
   def send(self, actions: np.ndarray, env_ids: np.ndarray) -> None:
     env_ids = np.asarray(env_ids, np.int32)
-    task = env_ids // self.per_task
-    for k in np.unique(task):
-      rows = task == k
-      self._subs[k].send(actions[rows], env_ids[rows] - k * self.per_task)
-      self._outstanding[k] += int(rows.sum())
+    task = np.searchsorted(self.offsets, env_ids, side="right") - 1
+    with self._cond:
+      for k in np.unique(task):
+        rows = task == k
+        self._subs[k].send(actions[rows], env_ids[rows] - self.offsets[k])
+        self._outstanding[k] += int(rows.sum())
+      self._cond.notify_all()
+
+  def _receive(self, k: int) -> None:
+    """Receiver thread of pool k (async mode): waits for envs in flight, then for their results."""
+    sub = self._subs[k]
+    while True:
+      with self._cond:
+        while self._outstanding[k] == 0 and not self._closed:
+          self._cond.wait()
+        if self._closed:
+          return
+      b = self._label(k, sub.recv())
+      with self._cond:  # Both at once, so `can_recv` never sees the rows in neither place.
+        self._outstanding[k] -= len(b)
+        self._ready.put(b)
+
+  def can_recv(self) -> bool:
+    """Whether `recv` can return without more sends (async: some pool has a full batch in flight)."""
+    if not self.is_async:
+      return bool(self._outstanding.any())
+    with self._cond:
+      return not self._ready.empty() or any(
+          self._outstanding[k] >= sub.batch_size for k, sub in enumerate(self._subs))
 
   def recv(self) -> StepBatch:
-    # Round robin over the pools that owe results, so no task starves.
+    if self.is_async:
+      # Whatever is ready now; wait only when nothing is.
+      batches = [self._ready.get()]
+      while True:
+        try:
+          batches.append(self._ready.get_nowait())
+        except queue.Empty:
+          return concat_sorted(batches) if len(batches) > 1 else batches[0]
+    # Sync: round robin over the pools that owe results, so no task starves.
     for _ in range(len(self._subs)):
       k = self._next
       self._next = (self._next + 1) % len(self._subs)
       if self._outstanding[k] > 0:
-        b = self._subs[k].recv()
+        b = self._label(k, self._subs[k].recv())
         self._outstanding[k] -= len(b)
-        b.env_ids = b.env_ids + k * self.per_task
-        b.obs["task"] = self._onehot[np.full(len(b), k)]
         return b
     raise RuntimeError("recv() called with no envs in flight; send() first")
 
@@ -96,9 +163,16 @@ class MultiTaskAdapter:
 
   def reset_envs(self, env_ids: np.ndarray) -> None:
     env_ids = np.asarray(env_ids, np.int32)
-    for i in env_ids:
-      self._subs[i // self.per_task].reset_envs(np.array([i % self.per_task]))
+    task = np.searchsorted(self.offsets, env_ids, side="right") - 1
+    for i, k in zip(env_ids, task):
+      self._subs[k].reset_envs(np.array([i - self.offsets[k]]))
 
   def close(self) -> None:
+    with self._cond:
+      self._closed = True
+      self._cond.notify_all()
+    # A receiver inside a pool's recv returns once its envs finish stepping.
+    for th in self._receivers:
+      th.join(timeout=5.0)
     for s in self._subs:
       s.close()

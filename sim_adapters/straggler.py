@@ -5,24 +5,30 @@ fast envs busy while a slow one finishes), and a claim needs a measurement. The
 real simulators are uniform, so this wrapper makes some envs slow on purpose;
 `--straggler_fraction=f --straggler_slowdown=s` builds it around any adapter.
 
-Model. Slowness is extra latency on the straggler's own row: the inner adapter
-steps every env at its normal speed, and a straggler's row is released
-`(slowdown - 1) * per_env_step_s` after the inner adapter returned it, so the
-straggler's step takes about `slowdown` times as long as a normal one. Other
-rows of the same inner batch are released at once. Simulated physics is
-untouched: a row carries exactly what the inner adapter returned.
+Two models of a straggler's extra latency, both leaving physics untouched (a
+row carries exactly what the inner adapter returned) and both costing no CPU
+(a slow env waits, as an env behind a slow renderer, a remote simulator or a
+heavier scene on its own worker does):
+
+* Latency model (default, `per_env_step_s=None`): a straggler's step takes
+  `slowdown` times the latency it had in the inner adapter, measured from its
+  `send` to the inner `recv` that returned it. Its row is released
+  `(slowdown - 1) * latency` after the inner adapter returned it. In a
+  synchronous `step` every env's latency is the whole batch's step time, so one
+  straggler makes the step `slowdown` times longer, which is what a barrier
+  does to a batch with a slow env. In asynchronous use its latency is its own
+  round trip, and the other envs carry on meanwhile.
+* Fixed model (`per_env_step_s` given): the extra latency is
+  `(slowdown - 1) * per_env_step_s`, the same for every scheduler. With a
+  per-env step time far below a batched simulator's batch time (EnvPool steps
+  many envs on a few threads) the straggler hides inside the batch; this model
+  shows how little a CPU-cost-sized straggler matters to a barrier.
 
 * Asynchronous use (`send`/`recv`): `recv` returns the rows that are due now;
   a straggler's row waits in a small heap and a later `recv` returns it once
   due, so fast envs never wait for it.
 * Synchronous use (`step`): every env must come back, so `step` waits until
-  the straggler row is due: one slow env slows the whole step, which is
-  exactly what happens to a synchronous system with a slow env.
-
-`per_env_step_s` (one env's step time) is either given, which benchmark
-comparisons should do so every scheduler gets the same penalty, or estimated as
-an exponential moving average of the inner adapter's own timing (see
-`_observe`).
+  the straggler row is due.
 """
 
 from __future__ import annotations
@@ -30,21 +36,12 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-import os
 import time
 
 import numpy as np
 
 from sim_adapters.base import EnvSpec, StepBatch
 from sim_adapters.envpool_adapter import concat_sorted
-
-# Weight of a new sample in the per-env step time estimate: smooths the jitter
-# of single batches while still following a simulator that speeds up or slows down.
-_EMA_ALPHA = 0.1
-# An inner call that returned faster than this did not wait for the simulator:
-# its rows were already done, so its wall time says nothing about step cost.
-_MIN_BLOCKING_S = 50e-6
-
 
 def straggler_set(num_envs: int, fraction: float, seed: int = 0) -> np.ndarray:
   """The straggler env ids: round(fraction * num_envs) of them, at least one when fraction > 0.
@@ -70,27 +67,6 @@ def _take(b: StepBatch, idx: np.ndarray) -> StepBatch:
       success=b.success[idx], env_ids=b.env_ids[idx], reset_step=b.reset_step[idx])
 
 
-def _worker_threads(inner) -> int:
-  """How many simulator threads step the inner adapter's envs in parallel.
-
-  EnvPool resolves `num_threads=0` to min(batch_size, hardware threads); the
-  multi-task adapter runs one pool per task, so its pools' threads add up.
-  Anything else is assumed to use every CPU.
-  """
-  subs = getattr(inner, "_subs", None)
-  if subs:
-    return sum(_worker_threads(s) for s in subs)
-  cpus = os.cpu_count() or 1
-  pool = getattr(inner, "_pool", None)
-  config = getattr(pool, "config", None)
-  if isinstance(config, dict):
-    threads = int(config.get("num_threads", 0))
-    if threads > 0:
-      return threads
-    return max(1, min(int(config.get("batch_size", cpus)), cpus))
-  return cpus
-
-
 class StragglerAdapter:
   """A SimAdapter whose `straggler_ids` envs step `slowdown` times slower than the rest.
 
@@ -99,7 +75,7 @@ class StragglerAdapter:
   """
 
   def __init__(self, inner, fraction: float, slowdown: float, seed: int = 0, *,
-               per_env_step_s: float | None = None, worker_threads: int | None = None):
+               per_env_step_s: float | None = None):
     if slowdown < 1.0:
       raise ValueError(f"straggler_slowdown must be >= 1, got {slowdown}")
     if per_env_step_s is not None and per_env_step_s < 0:
@@ -114,19 +90,20 @@ class StragglerAdapter:
     self._is_straggler[self.straggler_ids] = True
     self.active = len(self.straggler_ids) > 0 and self.slowdown > 1.0
     self._fixed_step_s = per_env_step_s
-    self._est_step_s: float | None = None
-    self._threads = worker_threads or _worker_threads(inner)
+    self._sent_at = np.zeros(self.num_envs)  # When each env's step (or reset) was started.
     # The raw EnvPool behind an async adapter waits for `batch_size` envs in
     # `recv`; fewer in flight would block it forever. Returning at most that many
     # rows per `recv` also keeps the batch-size bound callers may size buffers by.
     self._inner_async = bool(getattr(inner, "is_async", False))
     inner_batch = int(getattr(inner, "batch_size", None) or self.num_envs)
+    # An inner adapter that knows whether its recv can return (MT10: a pool with a
+    # full batch in flight) says so; otherwise the count of envs in flight decides.
+    self._inner_can_recv = getattr(inner, "can_recv", None)
     self._inner_min = inner_batch if self._inner_async else 1
-    self._max_rows = inner_batch if self._inner_async else self.num_envs
+    self._max_rows = inner_batch if self._inner_async and self._inner_can_recv is None else self.num_envs
     self._inner_in_flight = 0  # rows the inner adapter still owes us
     self._held: list[tuple[float, int, StepBatch]] = []  # (due time, tie-break, rows)
     self._seq = itertools.count()
-    self._measure = False  # no timing until the first send: a reset is not a step
     self.delayed_rows = 0  # straggler rows released late, for benchmark reports
 
   # -- passthrough -------------------------------------------------------------
@@ -142,68 +119,36 @@ class StragglerAdapter:
   def nan_resets(self) -> int:
     return self.inner.nan_resets
 
-  @property
-  def per_env_step_s(self) -> float:
-    """The step time a straggler's extra latency is based on (0 until first measured)."""
-    if self._fixed_step_s is not None:
-      return self._fixed_step_s
-    return self._est_step_s or 0.0
-
-  @property
-  def extra_latency_s(self) -> float:
-    """How much later than its inner adapter a straggler's row is released now."""
-    return (self.slowdown - 1.0) * self.per_env_step_s if self.active else 0.0
+  def extra_latency_s(self, latency_s: float) -> float:
+    """How much later than its inner adapter a straggler's row is released, given its inner latency."""
+    if not self.active:
+      return 0.0
+    step_s = self._fixed_step_s if self._fixed_step_s is not None else latency_s
+    return (self.slowdown - 1.0) * step_s
 
   @property
   def in_flight(self) -> int:
     """Rows owed to the caller: still in the inner adapter or held here."""
     return self._inner_in_flight + sum(len(b) for _, _, b in self._held)
 
-  # -- timing ------------------------------------------------------------------
-
-  def _observe(self, wall_s: float, rows: int, parallel: int) -> None:
-    """Updates the per-env step time estimate from one inner call.
-
-    A call that stepped `rows` envs on `parallel` busy threads in `wall_s` took
-    about `wall_s * parallel / rows` per env step: for a synchronous step that is
-    the batch time divided by the envs each thread stepped; for an async `recv`
-    with the simulator as bottleneck it is the time to produce the next batch at
-    full throughput. `parallel` is min(threads, envs in flight), so fewer envs
-    than threads do not count idle threads. Calls that did not block are
-    skipped (they time the caller, not the simulator). Caveat: when the caller
-    is slower than the simulator, an async recv waits only part of a step and
-    the estimate reads low; pass `per_env_step_s` for comparisons between
-    schedulers.
-    """
-    if self._fixed_step_s is not None or not self._measure or rows <= 0 or wall_s < _MIN_BLOCKING_S:
-      return
-    sample = wall_s * max(1, parallel) / rows
-    if self._est_step_s is None:
-      self._est_step_s = sample
-    else:
-      self._est_step_s += _EMA_ALPHA * (sample - self._est_step_s)
-
   # -- SimAdapter --------------------------------------------------------------
 
   def reset(self) -> None:
     self._held.clear()
-    self._measure = False
+    self._sent_at[:] = time.perf_counter()
     self.inner.reset()
     self._inner_in_flight = self.num_envs
 
   def send(self, actions: np.ndarray, env_ids: np.ndarray) -> None:
     self._inner_in_flight += len(env_ids)
-    self._measure = True
+    self._sent_at[np.asarray(env_ids)] = time.perf_counter()
     self.inner.send(actions, env_ids)
 
   def _pull(self) -> None:
     """One inner `recv`: fast rows are due now, straggler rows after the extra latency."""
-    parallel = min(self._threads, self._inner_in_flight)
-    t0 = time.perf_counter()
     b = self.inner.recv()
     t1 = time.perf_counter()
     self._inner_in_flight -= len(b)
-    self._observe(t1 - t0, len(b), parallel)
     slow = self._is_straggler[b.env_ids]
     if not slow.any():
       heapq.heappush(self._held, (t1, next(self._seq), b))
@@ -211,7 +156,10 @@ class StragglerAdapter:
     fast_idx, slow_idx = np.flatnonzero(~slow), np.flatnonzero(slow)
     if len(fast_idx):
       heapq.heappush(self._held, (t1, next(self._seq), _take(b, fast_idx)))
-    heapq.heappush(self._held, (t1 + self.extra_latency_s, next(self._seq), _take(b, slow_idx)))
+    # Each straggler row is due after its own extra latency (its own send time).
+    for i in slow_idx:
+      due = t1 + self.extra_latency_s(t1 - self._sent_at[b.env_ids[i]])
+      heapq.heappush(self._held, (due, next(self._seq), _take(b, np.array([i]))))
     self.delayed_rows += len(slow_idx)
 
   def _pop_due(self, now: float) -> list[StepBatch]:
@@ -242,7 +190,8 @@ class StragglerAdapter:
       due = self._pop_due(time.perf_counter())
       if due:
         return concat_sorted(due)
-      if self._inner_in_flight >= self._inner_min:
+      if (self._inner_can_recv() if self._inner_can_recv is not None
+          else self._inner_in_flight >= self._inner_min):
         self._pull()
       elif self._held:
         time.sleep(max(0.0, self._held[0][0] - time.perf_counter()))
@@ -259,15 +208,12 @@ class StragglerAdapter:
       return self.inner.step(actions)
     if self._held:
       raise RuntimeError(f"step() with {self.in_flight} rows still owed by recv(); receive them first")
-    self._measure = True
-    parallel = min(self._threads, self.num_envs)
     t0 = time.perf_counter()
     b = self.inner.step(actions)
     t1 = time.perf_counter()
-    self._observe(t1 - t0, len(b), parallel)
     # Every env is in the batch, stragglers included: the batch is ready when they are.
     self.delayed_rows += len(self.straggler_ids)
-    delay = t1 + self.extra_latency_s - time.perf_counter()
+    delay = t1 + self.extra_latency_s(t1 - t0) - time.perf_counter()
     if delay > 0:
       time.sleep(delay)
     return b

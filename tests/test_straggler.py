@@ -4,7 +4,8 @@ Real EnvPool adapters (4 envs sync, 8 envs async with batch_size 2) check the
 behaviour that matters to a benchmark: a synchronous step waits for the
 straggler, asynchronous fast envs do not, and rows are the simulator's own. A
 tiny in-memory adapter (`_FakeAdapter`, instant steps) checks the timing paths
-that need exact control. Every test fixes `per_env_step_s` so delays are known.
+that need exact control. Most tests fix `per_env_step_s` so delays are known; the latency-model tests
+give the fake adapter a known step time instead.
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ class _FakeAdapter:
   [env_id, rows returned by that env so far], so row integrity is checkable.
   """
 
-  def __init__(self, num_envs: int, batch_size: int | None = None):
+  def __init__(self, num_envs: int, batch_size: int | None = None, step_s: float = 0.0):
     self.num_envs = num_envs
+    self.step_s = step_s  # each recv sleeps this long, like a simulator stepping a batch
     self.batch_size = batch_size or num_envs
     self.is_async = self.batch_size < num_envs
     self.spec = EnvSpec("Fake-v0", {"state": ObsSpec((2,), np.dtype(np.float32))}, 1,
@@ -65,6 +67,8 @@ class _FakeAdapter:
 
   def recv(self):
     assert len(self._queue) >= self.batch_size, "raw recv would block forever"
+    if self.step_s:
+      time.sleep(self.step_s)
     ids = np.array([self._queue.popleft() for _ in range(self.batch_size)], np.int32)
     state = np.stack([ids, self._count[ids]], axis=1).astype(np.float32)
     self._count[ids] += 1
@@ -131,7 +135,7 @@ def test_no_slowdown_is_a_passthrough(make, fraction, slowdown):
   inner.recv = lambda: returned.append(inner_recv()) or returned[-1]
   inner.step = lambda a: returned.append(inner_step(a)) or returned[-1]
   wrapped = StragglerAdapter(inner, fraction, slowdown, per_env_step_s=STEP_S)
-  assert not wrapped.active and wrapped.extra_latency_s == 0.0
+  assert not wrapped.active and wrapped.extra_latency_s(1.0) == 0.0
   plain.reset()
   wrapped.reset()
   _assert_same_rows(gather_all(wrapped, 4), gather_all(plain, 4))
@@ -152,7 +156,7 @@ def test_sync_step_waits_for_the_straggler(make):
   plain = make("MetaWorld/Reach-v3", 4, seed=0)
   wrapped = StragglerAdapter(make("MetaWorld/Reach-v3", 4, seed=0), 0.25, SLOWDOWN, per_env_step_s=STEP_S)
   assert len(wrapped.straggler_ids) == 1
-  assert wrapped.extra_latency_s == pytest.approx(EXTRA_S)
+  assert wrapped.extra_latency_s(123.0) == pytest.approx(EXTRA_S)  # fixed: whatever the latency
   plain.reset()
   wrapped.reset()
   _assert_same_rows(gather_all(wrapped, 4), gather_all(plain, 4))
@@ -171,16 +175,41 @@ def test_sync_step_waits_for_the_straggler(make):
   assert wrapped.delayed_rows == 4  # its reset row and three steps
 
 
-def test_step_time_is_estimated_without_override(make):
-  wrapped = StragglerAdapter(make("MetaWorld/Reach-v3", 4), 0.25, SLOWDOWN)
-  assert wrapped.per_env_step_s == 0.0
+def test_latency_model_sync_step_takes_slowdown_times_as_long():
+  """Without a fixed step time, one straggler makes a barrier step `slowdown` times longer."""
+  fake = _FakeAdapter(4, step_s=STEP_S)
+  wrapped = StragglerAdapter(fake, 0.25, SLOWDOWN)
+  assert wrapped.extra_latency_s(STEP_S) == pytest.approx(EXTRA_S)
   wrapped.reset()
   gather_all(wrapped, 4)
-  actions = np.zeros((4, 4), np.float32)
-  for _ in range(5):
-    wrapped.step(actions)
-  assert 0.0 < wrapped.per_env_step_s < 0.05, wrapped.per_env_step_s
-  assert wrapped.extra_latency_s == pytest.approx((SLOWDOWN - 1) * wrapped.per_env_step_s)
+  for _ in range(3):
+    t0 = time.perf_counter()
+    wrapped.step(np.zeros((4, 1), np.float32))
+    elapsed = time.perf_counter() - t0
+    assert SLOWDOWN * STEP_S <= elapsed < SLOWDOWN * STEP_S + 0.1, elapsed
+
+
+def test_latency_model_async_straggler_scales_its_own_round_trip():
+  """Async: a straggler's row is due `slowdown` times its own send-to-ready latency after its send."""
+  fake = _FakeAdapter(4, batch_size=1, step_s=STEP_S)
+  wrapped = StragglerAdapter(fake, 0.25, SLOWDOWN, seed=0)
+  (slow,) = wrapped.straggler_ids
+  wrapped.reset()
+  gather_all(wrapped, 4)  # every env's reset row
+  sent = time.perf_counter()
+  wrapped.send(np.zeros((4, 1), np.float32), np.arange(4))
+  times = {}
+  while len(times) < 4:
+    b = wrapped.recv()
+    for i in b.env_ids:
+      times[int(i)] = time.perf_counter() - sent
+  fast = [times[i] for i in range(4) if i != slow]
+  # Fast envs come back one inner step after another; the straggler is not among the first three.
+  assert max(fast) < times[slow]
+  # Its inner latency was at least one inner step, so it is released no sooner than slowdown steps.
+  assert times[slow] >= SLOWDOWN * STEP_S
+  # ... and the fast envs were not held back by it: all three are out within four inner steps.
+  assert max(fast) < 4 * STEP_S + 0.05
 
 
 # -- asynchronous: fast envs never wait -----------------------------------------------------

@@ -13,6 +13,7 @@ from ebrl.errors import UserError
 SCHEDULERS = ("sync", "pipelined", "ebrl", "random")
 ALGORITHMS = ("ppo",)
 LR_SCHEDULES = ("constant", "linear")
+CORRECTIONS = ("decoupled_ppo", "vtrace")
 
 
 def _positive(name: str, value) -> None:
@@ -33,6 +34,10 @@ def validate(cfg, num_devices: int) -> None:
     raise UserError(f"unknown algorithm '{cfg.algorithm.name}'; valid: {', '.join(ALGORITHMS)}")
   if cfg.algorithm.lr_schedule not in LR_SCHEDULES:
     raise UserError(f"unknown algorithm.lr_schedule '{cfg.algorithm.lr_schedule}'; valid: {', '.join(LR_SCHEDULES)}")
+  if cfg.algorithm.correction not in CORRECTIONS:
+    raise UserError(f"unknown algorithm.correction '{cfg.algorithm.correction}'; valid: {', '.join(CORRECTIONS)}")
+  for name in ("vtrace_rho_clip", "vtrace_c_clip", "behaviour_weight_clip"):
+    _positive(f"algorithm.{name}", cfg.algorithm[name])
   for name in ("num_envs", "rollout_length", "total_env_steps"):
     _positive(name, cfg[name])
   for name in ("epochs", "num_minibatches", "learning_rate", "max_grad_norm"):

@@ -25,6 +25,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from ebrl.algorithms.gae import gae
 from ebrl.algorithms.ppo import PPOConfig, ppo_loss
+from ebrl.algorithms.vtrace import vtrace
 from ebrl.trajectory_queue import fresh_mask
 from ebrl.types import Rollout, SegmentBatch, TrainState
 from policies.base import Policy
@@ -42,6 +43,11 @@ class LearnerConfig:
   max_grad_norm: float = 0.5
   reward_scale: float = 1.0
   max_staleness: int = 0  # Off-policy batches: samples older than this many versions are masked.
+  # Off-policy correction of segment batches: "decoupled_ppo" (AReaL) or "vtrace" (IMPALA
+  # targets and advantages, PPO ratio against the behaviour policy, as APPO).
+  correction: str = "decoupled_ppo"
+  vtrace_rho_clip: float = 1.0
+  vtrace_c_clip: float = 1.0
   ppo: PPOConfig = PPOConfig()
 
 
@@ -93,7 +99,7 @@ class Learner:
     return self._update(state, self.place(rollout))
 
   def update_segments(self, state: TrainState, batch: SegmentBatch) -> tuple[TrainState, dict]:
-    """Off-policy update (decoupled PPO) from segments produced by older versions."""
+    """Off-policy update (decoupled PPO or V-trace) from segments produced by older versions."""
     return self._update_segments(state, self.place(batch))
 
   def _segments_fn(self, state: TrainState, sb: SegmentBatch) -> tuple[TrainState, dict]:
@@ -103,23 +109,31 @@ class Learner:
     prox_logp, _, values = self.policy.evaluate(state.params, sb.obs, actions)
     prox_logp, values = jax.lax.stop_gradient(prox_logp[:horizon]), jax.lax.stop_gradient(values)
     fresh = fresh_mask(state.version, sb.version, self.cfg.max_staleness)
-    ro = Rollout(obs=jax.tree.map(lambda x: x[:horizon], sb.obs), actions=sb.actions, logp=prox_logp,
-                 values=values, rewards=sb.rewards, terminated=sb.terminated, done=sb.done,
-                 valid=sb.valid & fresh, version=sb.version)
-    new_state, metrics = self._update_fn(state, ro, behaviour_logp=sb.logp)
+    valid = sb.valid & fresh
+    obs = jax.tree.map(lambda x: x[:horizon], sb.obs)
+    if self.cfg.correction == "vtrace":
+      cfg = self.cfg
+      targets = vtrace(sb.rewards * cfg.reward_scale, values, sb.terminated, _cut(sb.done, valid),
+                       prox_logp - sb.logp, cfg.gamma, cfg.gae_lambda, cfg.vtrace_rho_clip, cfg.vtrace_c_clip)
+      ro = Rollout(obs=obs, actions=sb.actions, logp=sb.logp, values=values, rewards=sb.rewards,
+                   terminated=sb.terminated, done=sb.done, valid=valid, version=sb.version)
+      new_state, metrics = self._update_fn(state, ro, targets=targets)
+    else:
+      ro = Rollout(obs=obs, actions=sb.actions, logp=prox_logp, values=values, rewards=sb.rewards,
+                   terminated=sb.terminated, done=sb.done, valid=valid, version=sb.version)
+      new_state, metrics = self._update_fn(state, ro, behaviour_logp=sb.logp)
     metrics["stale_dropped"] = jnp.sum(sb.valid & ~fresh)
     return new_state, metrics
 
   # The whole algorithm, in one screen.
-  def _update_fn(self, state: TrainState, ro: Rollout,
-                 behaviour_logp: jax.Array | None = None) -> tuple[TrainState, dict]:
+  def _update_fn(self, state: TrainState, ro: Rollout, behaviour_logp: jax.Array | None = None,
+                 targets: tuple[jax.Array, jax.Array] | None = None) -> tuple[TrainState, dict]:
     cfg, policy = self.cfg, self.policy
-    rewards = ro.rewards * cfg.reward_scale
-    # An invalid next sample (a reset forced after non-finite physics) must not feed
-    # its advantage back; automatic resets already follow a `done` step.
-    next_valid = jnp.concatenate([ro.valid[1:], jnp.ones_like(ro.valid[:1])])
-    cut = ro.done | ~next_valid
-    adv, returns = gae(rewards, ro.values, ro.terminated, cut, cfg.gamma, cfg.gae_lambda)
+    if targets is None:
+      rewards = ro.rewards * cfg.reward_scale
+      adv, returns = gae(rewards, ro.values, ro.terminated, _cut(ro.done, ro.valid), cfg.gamma, cfg.gae_lambda)
+    else:
+      adv, returns = targets
     flat = lambda x: x.reshape((-1,) + x.shape[2:])
     data = dict(obs=jax.tree.map(flat, ro.obs), actions=flat(ro.actions), logp=flat(ro.logp),
                 values=flat(ro.values[:-1]), adv=flat(adv), returns=flat(returns),
@@ -163,3 +177,14 @@ class Learner:
     new_state = TrainState(params=params, opt_state=opt_state, key=key,
                            version=state.version + 1, skipped_updates=skipped)
     return new_state, metrics
+
+
+def _cut(done: jax.Array, valid: jax.Array) -> jax.Array:
+  """Where advantages must not flow back: an episode end, or an invalid next sample.
+
+  An invalid next sample (a reset forced after non-finite physics, or a sample
+  dropped as too stale) must not feed its advantage back; automatic resets
+  already follow a `done` step.
+  """
+  next_valid = jnp.concatenate([valid[1:], jnp.ones_like(valid[:1])])
+  return done | ~next_valid

@@ -43,6 +43,7 @@ def learner_config(cfg) -> LearnerConfig:
       learning_rate=a.learning_rate, lr_schedule=a.lr_schedule,
       total_updates=max(1, math.ceil(cfg.total_env_steps / per_update)),
       max_grad_norm=a.max_grad_norm, reward_scale=a.reward_scale, max_staleness=cfg.ebrl.max_staleness,
+      correction=a.correction, vtrace_rho_clip=a.vtrace_rho_clip, vtrace_c_clip=a.vtrace_c_clip,
       ppo=PPOConfig(clip_eps=a.clip_eps, value_clip_eps=a.value_clip_eps, vf_coef=a.vf_coef,
                     ent_coef=a.ent_coef, normalize_advantages=a.normalize_advantages,
                     behaviour_weight_clip=a.behaviour_weight_clip))

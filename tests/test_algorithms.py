@@ -1,4 +1,4 @@
-"""Numerical checks of GAE, the PPO loss, the Gaussian head and the normaliser.
+"""Numerical checks of GAE, V-trace, the PPO loss, the Gaussian head and the normaliser.
 
 Every check compares the library against an independent reference written here
 in NumPy (float64), or against exact hand-computed numbers.
@@ -18,6 +18,7 @@ from scipy import stats as sps
 from ebrl import normalizer
 from ebrl.algorithms.gae import gae
 from ebrl.algorithms.ppo import PPOConfig, ppo_loss
+from ebrl.algorithms.vtrace import vtrace
 from policies.mlp import gaussian_entropy, gaussian_logp
 
 # ----------------------------------------------------------------------------- GAE
@@ -86,6 +87,68 @@ def test_gae_lambda_one_is_discounted_return(gae_fn):
   disc = 0.9 ** np.arange(5)
   expected = [np.sum(disc[:5 - t, None] * rewards[t:], 0) + 0.9 ** (5 - t) * values[5] for t in range(5)]
   np.testing.assert_allclose(ret, np.stack(expected), rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- V-trace
+
+
+def np_vtrace(rewards, values, terminated, cut, log_rho, gamma, lam, rho_clip, c_clip):
+  """IMPALA's sum form: vs_s = V_s + sum_t gamma^(t-s) (prod_{i<t} c_i) delta_t, up to a cut."""
+  rewards, values = np.asarray(rewards, np.float64), np.asarray(values, np.float64)
+  ratio = np.exp(np.asarray(log_rho, np.float64))
+  rho, c = np.minimum(rho_clip, ratio), lam * np.minimum(c_clip, ratio)
+  t_len, n = rewards.shape
+  vs, adv = np.zeros((t_len, n)), np.zeros((t_len, n))
+  for j in range(n):
+    delta = [rho[t, j] * (rewards[t, j] + (0.0 if terminated[t, j] else gamma * values[t + 1, j]) - values[t, j])
+             for t in range(t_len)]
+    for s in range(t_len):
+      total, coef = 0.0, 1.0
+      for t in range(s, t_len):
+        total += coef * delta[t]
+        if cut[t, j]:
+          break
+        coef *= gamma * c[t, j]
+      vs[s, j] = values[s, j] + total
+    for s in range(t_len):
+      nxt = values[s + 1, j] if (cut[s, j] or s == t_len - 1) else vs[s + 1, j]
+      boot = 0.0 if terminated[s, j] else gamma * nxt
+      adv[s, j] = rho[s, j] * (rewards[s, j] + boot - values[s, j])
+  return adv, vs
+
+
+@pytest.fixture(scope="module")
+def vtrace_fn():
+  return jax.jit(vtrace, static_argnames=("gamma", "lam", "rho_clip", "c_clip"))
+
+
+@pytest.mark.parametrize("gamma,lam,rho_clip,c_clip", [(0.99, 0.95, 1.0, 1.0), (0.9, 1.0, 2.0, 0.5)])
+def test_vtrace_matches_numpy_reference(vtrace_fn, gamma, lam, rho_clip, c_clip):
+  rng = np.random.default_rng(2)
+  t_len, n = 12, 5
+  rewards = rng.normal(size=(t_len, n)).astype(np.float32)
+  values = rng.normal(size=(t_len + 1, n)).astype(np.float32)
+  terminated = rng.random((t_len, n)) < 0.15
+  cut = terminated | (rng.random((t_len, n)) < 0.15)
+  log_rho = rng.normal(scale=0.7, size=(t_len, n)).astype(np.float32)
+  assert (np.exp(log_rho) > max(rho_clip, c_clip)).any() and terminated.any() and (cut & ~terminated).any()
+  adv, vs = vtrace_fn(rewards, values, terminated, cut, log_rho, gamma=gamma, lam=lam, rho_clip=rho_clip,
+                      c_clip=c_clip)
+  ref_adv, ref_vs = np_vtrace(rewards, values, terminated, cut, log_rho, gamma, lam, rho_clip, c_clip)
+  np.testing.assert_allclose(vs, ref_vs, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(adv, ref_adv, rtol=1e-5, atol=1e-5)
+
+
+def test_vtrace_on_policy_targets_are_gae_returns(vtrace_fn, gae_fn):
+  rng = np.random.default_rng(3)
+  rewards = rng.normal(size=(10, 4)).astype(np.float32)
+  values = rng.normal(size=(11, 4)).astype(np.float32)
+  terminated = rng.random((10, 4)) < 0.1
+  done = terminated | (rng.random((10, 4)) < 0.1)
+  _, vs = vtrace_fn(rewards, values, terminated, done, np.zeros((10, 4), np.float32), gamma=0.97, lam=0.9,
+                    rho_clip=1.0, c_clip=1.0)
+  _, ret = gae_fn(rewards, values, terminated, done, gamma=0.97, lam=0.9)
+  np.testing.assert_allclose(vs, ret, rtol=1e-5, atol=1e-5)
 
 
 # ----------------------------------------------------------------------------- PPO

@@ -3,6 +3,8 @@ eta = 0 equals on-policy PPO, clean shutdown and errors that surface."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import heapq
 import threading
 
@@ -154,12 +156,19 @@ def test_eta_zero_is_on_policy(durations):
     assert (versions == version).all()
 
 
-def test_eta_zero_update_equals_sync_ppo():
-  """Segments of on-policy data give the update sync PPO gives on the same data."""
+@pytest.mark.parametrize("correction,lam", [("decoupled_ppo", 0.95), ("vtrace", 1.0)])
+def test_eta_zero_update_equals_sync_ppo(correction, lam):
+  """Segments of on-policy data give the update sync PPO gives on the same data.
+
+  V-trace's advantage r_t + gamma * vs_{t+1} - V_t equals GAE's only at lambda = 1
+  (IMPALA's definition), so that correction is compared there.
+  """
   spec = EnvSpec("toy", {"state": ObsSpec((3,), np.dtype(np.float32))}, 2, -np.ones(2, np.float32),
                  np.ones(2, np.float32), 10, False)
   policy = MLPPolicy(spec, hidden=(16,))
-  learner = Learner(policy, LearnerConfig(epochs=2, num_minibatches=2, max_staleness=0))
+  cfg = LearnerConfig(epochs=2, num_minibatches=2, max_staleness=0, gae_lambda=lam)
+  learner = Learner(policy, dataclasses.replace(cfg, correction=correction))
+  sync_learner = Learner(policy, cfg)
   state = learner.init(jax.random.PRNGKey(0))
   rng = np.random.default_rng(0)
   obs = rng.normal(size=(T + 1, N, 3)).astype(np.float32)
@@ -172,7 +181,7 @@ def test_eta_zero_update_equals_sync_ppo():
                 version=np.zeros((T, N), np.int32))
   from ebrl.types import Rollout, SegmentBatch  # pylint: disable=g-import-not-at-top
   copy = lambda s: jax.tree.map(jnp.copy, s)
-  sync_state, _ = learner.update(copy(state), Rollout(obs={"state": obs[:T]}, values=np.asarray(values), **common))
+  sync_state, _ = sync_learner.update(copy(state), Rollout(obs={"state": obs[:T]}, values=np.asarray(values), **common))
   async_state, metrics = learner.update_segments(copy(state), SegmentBatch(obs={"state": obs}, **common))
   for a, b in zip(jax.tree.leaves(sync_state.params), jax.tree.leaves(async_state.params)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)

@@ -19,6 +19,7 @@ CASES = {
     "non_positive_envs": (["--config.num_envs=0"], "num_envs=0"),
     "negative_steps": (["--config.total_env_steps=-5"], "total_env_steps=-5"),
     "non_divisible_minibatches": (["--config.algorithm.num_minibatches=3"], "num_minibatches=3"),
+    "unknown_correction": (["--config.algorithm.correction=retrace"], "valid: decoupled_ppo, vtrace"),
     "mt10_too_few_envs": (["--config.env.name=MetaWorld/MT10", "--config.num_envs=8"], "at least 10"),
     "policy_cannot_read_obs": (["--config.env.from_pixels=True"], "policy 'mlp' needs observation key(s) ['state']"),
     "discrete_action_env": (["--config.env.name=Pong-v5"], "continuous"),

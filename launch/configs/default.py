@@ -43,7 +43,11 @@ def get_config() -> ml_collections.ConfigDict:
       lr_schedule="constant",
       max_grad_norm=0.5,
       reward_scale=0.1,
+      # Off-policy correction of stale samples (scheduler=ebrl): "decoupled_ppo" or "vtrace".
+      correction="decoupled_ppo",
       behaviour_weight_clip=2.0,  # Decoupled PPO: cap on prox / behaviour (stale samples).
+      vtrace_rho_clip=1.0,  # V-trace: truncation of the importance weight in targets and advantages.
+      vtrace_c_clip=1.0,  # V-trace: truncation of the trace-cutting coefficients.
   ))
   # scheduler=ebrl: env groups on their own threads, dynamic generation batches, async learner.
   c.ebrl = ml_collections.ConfigDict(dict(

@@ -73,7 +73,14 @@ def _where(mask: jax.Array, a, b):
 
 
 class DeviceSim:
-  """`num_envs` copies of one CoreEnv, batched, auto-resetting, optionally sharded."""
+  """`num_envs` copies of one CoreEnv, batched, auto-resetting, optionally sharded.
+
+  `step` donates its input state (its buffers are reused for the output), so
+  keep only the state it returns. Env groups on one device are simply
+  several states of one DeviceSim (each from its own reset key): the compiled
+  functions are shared and each group can be stepped while another's actions
+  are generated.
+  """
 
   def __init__(self, core: CoreEnv, num_envs: int, mesh: Mesh | None = None):
     if num_envs <= 0:

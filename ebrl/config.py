@@ -11,6 +11,8 @@ import os
 from ebrl.errors import UserError
 
 SCHEDULERS = ("sync", "pipelined", "ebrl", "random")
+# Device simulators (mjx:..., brax:...) have no host env stages to pipeline.
+DEVICE_SCHEDULERS = ("sync", "ebrl", "random")
 ALGORITHMS = ("ppo",)
 LR_SCHEDULES = ("constant", "linear")
 CORRECTIONS = ("decoupled_ppo", "vtrace")
@@ -24,10 +26,14 @@ def _positive(name: str, value) -> None:
 def validate(cfg, num_devices: int) -> None:
   """Raises UserError for the first problem found in cfg."""
   from policies import POLICY_NAMES
-  from sim_adapters import UnknownEnvError, check_env_name
+  from sim_adapters import UnknownEnvError, check_env_name, is_device_env
 
   if cfg.scheduler not in SCHEDULERS:
     raise UserError(f"unknown scheduler '{cfg.scheduler}'; valid: {', '.join(SCHEDULERS)}")
+  device = is_device_env(cfg.env.name)
+  if device and cfg.scheduler not in DEVICE_SCHEDULERS:
+    raise UserError(f"scheduler '{cfg.scheduler}' cannot drive device env '{cfg.env.name}'; "
+                    f"valid: {', '.join(DEVICE_SCHEDULERS)}")
   if cfg.policy.name not in POLICY_NAMES:
     raise UserError(f"unknown policy '{cfg.policy.name}'; valid: {', '.join(POLICY_NAMES)}")
   if cfg.algorithm.name not in ALGORITHMS:
@@ -78,6 +84,12 @@ def validate(cfg, num_devices: int) -> None:
                       f"ebrl.segments_per_update * rollout_length = {segments * cfg.rollout_length}")
     if segments % num_devices:
       raise UserError(f"ebrl.segments_per_update={segments} must be divisible by the {num_devices} learner devices")
+    if device and segments % per_group:  # A device group collects all its envs at once.
+      raise UserError(f"ebrl.segments_per_update={segments} must be a multiple of the {per_group} envs per group "
+                      f"(num_envs / ebrl.num_groups) for device env '{cfg.env.name}'")
+    if device and per_group % num_devices:
+      raise UserError(f"num_envs / ebrl.num_groups = {per_group} envs per group must be divisible by the "
+                      f"{num_devices} devices of the sim mesh")
   if any(h <= 0 for h in cfg.policy.hidden):
     raise UserError(f"policy.hidden={tuple(cfg.policy.hidden)} must be positive layer sizes")
   try:

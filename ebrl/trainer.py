@@ -69,7 +69,7 @@ class Trainer:
       num_groups = cfg.pipelined.num_stages
     self.device_sim = None
     if is_device_env(cfg.env.name):
-      self._build_device_sim(cfg)
+      self._build_device_sim(cfg, num_groups)
     else:
       self._build_host_groups(cfg, num_groups)
     self.spec = self.adapter.spec
@@ -123,23 +123,23 @@ class Trainer:
     # One group is the plain single-adapter case the sync and random schedulers drive.
     self.adapter = self.groups[0] if len(self.groups) == 1 else self.groups
 
-  def _build_device_sim(self, cfg) -> None:
-    """One DeviceSim over every local device, driven by the fused rollout (ebrl/scheduler/device.py)."""
-    from ebrl.scheduler import DEVICE_SCHEDULERS
+  def _build_device_sim(self, cfg, num_groups: int) -> None:
+    """One DeviceSim over every local device, driven by the fused rollout (ebrl/scheduler/device.py).
+
+    With scheduler=ebrl it holds one env group (num_envs / num_groups envs); each group is its own
+    state of it (ebrl/scheduler/device_async.py). config.validate has rejected host-only schedulers.
+    """
     from sim_adapters.mjx import make_device_sim
     from sim_adapters.mjx.device_sim import make_sim_mesh
 
-    if cfg.scheduler not in DEVICE_SCHEDULERS:
-      raise UserError(f"scheduler '{cfg.scheduler}' cannot drive device env '{cfg.env.name}'; "
-                      f"valid: {', '.join(DEVICE_SCHEDULERS)}")
     unsupported = {"env.from_pixels": cfg.env.from_pixels, "env.straggler_fraction": cfg.env.straggler_fraction,
                    "env.straggler_step_ms": cfg.env.straggler_step_ms}
     for key, value in unsupported.items():
       if value:
         raise UserError(f"{key}={value!r} is not supported for device env '{cfg.env.name}' (host envs only)")
     try:
-      self.device_sim = make_device_sim(cfg.env.name, cfg.num_envs, max_episode_steps=cfg.env.max_episode_steps,
-                                        mesh=make_sim_mesh())
+      self.device_sim = make_device_sim(cfg.env.name, cfg.num_envs // num_groups,
+                                        max_episode_steps=cfg.env.max_episode_steps, mesh=make_sim_mesh())
     except (ValueError, RuntimeError) as e:
       raise UserError(str(e)) from None
     self.groups = None

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # GPU benchmark in one call: env steps/s of MJX PandaPickCube (8192 envs on the GPU,
-# fused on-device rollout) beside EnvPool's CPU port of the same task (host sims,
-# policy and learner on the GPU), each with the simulator alone (random) and with PPO.
+# fused on-device rollout, with the update after it or overlapped with it) beside
+# EnvPool's CPU port of the same task (host sims, policy and learner on the GPU),
+# each with the simulator alone (random) and with PPO (sync, ebrl).
 #
 #   bash launch/gpu_bench.sh [OUT_DIR] [SECONDS]
 #
 # Needs a CUDA jax (jax[cuda12]==0.10.2) in the active environment. Writes
 # OUT_DIR/bench_mjx_panda.json, OUT_DIR/bench_envpool_panda.json (and their
-# timeline PNGs) and prints both tables; about 6 minutes with SECONDS=20.
+# timeline PNGs) and prints both tables; six scheduler runs of SECONDS each plus compiles.
 set -euo pipefail
 OUT="${1:-${OUT:-bench_gpu}}"
 SECONDS_PER="${2:-20}"
@@ -16,8 +17,9 @@ export EBRL_JAX_CACHE="${EBRL_JAX_CACHE:-$OUT/jax_cache}"
 python -c 'import jax; d = jax.devices()[0]; assert d.platform == "gpu", d; print("[gpu_bench]", d.device_kind)'
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 
-# MJX on the GPU: the device schedulers (random = the simulator alone, sync = fused PPO).
-python -m launch.bench --env=mjx:PandaPickCube --num_envs=8192 --schedulers=random,sync \
+# MJX on the GPU: the device schedulers (random = the simulator alone, sync = fused PPO,
+# ebrl = env groups collecting on the device while the learner trains).
+python -m launch.bench --env=mjx:PandaPickCube --num_envs=8192 --schedulers=random,sync,ebrl \
     --seconds="$SECONDS_PER" --warmup_updates=2 --config.rollout_length=16 \
     --out="$OUT/bench_mjx_panda.json"
 

@@ -22,6 +22,11 @@ CASES = {
     "unknown_correction": (["--config.algorithm.correction=retrace"], "valid: decoupled_ppo, vtrace"),
     "mt10_too_few_envs": (["--config.env.name=MetaWorld/MT10", "--config.num_envs=8"], "at least 10"),
     "policy_cannot_read_obs": (["--config.env.from_pixels=True"], "policy 'mlp' needs observation key(s) ['state']"),
+    "pipelined_on_device_env": (["--config.env.name=mjx:CartpoleBalance", "--config.scheduler=pipelined"],
+                                "scheduler 'pipelined' cannot drive device env 'mjx:CartpoleBalance'; "
+                                "valid: sync, ebrl, random"),
+    "device_groups_split_an_update": (["--config.env.name=mjx:CartpoleBalance", "--config.scheduler=ebrl",
+                                       "--config.ebrl.segments_per_update=24"], "multiple of the 16 envs per group"),
     "discrete_action_env": (["--config.env.name=Pong-v5"], "continuous"),
     "unwritable_workdir": (["--workdir=/proc/ebrl-run"], "/proc/ebrl-run"),
     "missing_config_file": (["--config=launch/configs/nope.py"], "nope.py"),

@@ -15,8 +15,6 @@ ENV = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
 ERRORS = {
     "unknown_mjx_name": (["--config.env.name=mjx:CartpoleBalanse"], "mjx:CartpoleBalance"),
     "unknown_brax_name": (["--config.env.name=brax:antt"], "brax:ant"),
-    "host_only_scheduler": (["--config.env.name=mjx:CartpoleBalance", "--config.scheduler=ebrl"],
-                            "scheduler 'ebrl' cannot drive device env 'mjx:CartpoleBalance'; valid: sync, random"),
     "pixels_on_device_env": (["--config.env.name=brax:ant", "--config.env.from_pixels=True"], "env.from_pixels=True"),
 }
 

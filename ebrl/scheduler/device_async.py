@@ -1,0 +1,239 @@
+"""The ebrl scheduler on a device simulator: env groups collect while the learner trains.
+
+The envs are split into `ebrl.num_groups` groups, each its own SimState of
+one DeviceSim (the compiled reset/step/collect are shared). Threads:
+
+  group g (one per group) : reserves a segment start in the TrajectoryQueue,
+                            takes the newest published (params, version), runs
+                            the fused jitted collect of T steps for its group
+                            (policy sample + sim step in one lax.scan, as the
+                            sync device rollout) and queues the resulting
+                            [T(+1), B_g] SegmentBatch, still on the device
+  learner                 : takes segments_per_update env-segments (whole group
+                            batches), runs Learner.update_segments (decoupled
+                            PPO or V-trace, proximal values/log-probs from its
+                            own params), publishes params with a new version
+
+Rollout overlaps training: while the learner updates, every group keeps
+collecting with the params it last saw. The queue counts group batches, so
+AReaL's capacity rule `(eta + version + 1) * k` over batches (k batches per
+update) is the env-segment rule scaled by the group size; a group waits until
+the learner makes room. Batches are numbered when their start is granted and
+handed to the learner in that order, so batch n feeds update floor(n / k).
+It was granted at a learner version V with n < (eta + V + 1) * k, and its
+params are read after the grant (the learner publishes params before it
+raises the queue's version), so its behaviour version is >= V and its lag
+floor(n / k) - version <= eta: the bound holds by construction and nothing is
+masked. All groups step the same sim at the same batch size, so ordering costs
+no straggler wait. With eta = 0 every batch comes from the params the update
+starts from: exactly sync PPO on the same data (tests/test_mjx_async.py).
+
+Truncated episodes: the collect folds gamma * V(final_obs) / reward_scale into
+the reward of a truncated step and marks it terminal (ebrl/scheduler/device.py),
+here with the *behaviour* params. Carrying final_obs instead would add a
+second [T, B] observation tensor to every batch and a new SegmentBatch field
+for a value needed on one step in an episode. With eta = 0 the behaviour
+params are the learner's, so the targets are sync PPO's exactly; with eta > 0
+only truncation steps use a value at most eta versions old.
+
+`ebrl.recv_batch`, `max_gen_batch` and `max_wait_ms` shape host env batches
+and do not apply here. Any exception in a thread stops the run and is
+re-raised by `run`; Ctrl-C or the step budget stops every thread within one
+collect or update.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import chex
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from ebrl.scheduler.device import Finished, make_collect
+from ebrl.trajectory_queue import TrajectoryQueue
+from ebrl.types import SegmentBatch
+from policies.base import Policy
+from sim_adapters.mjx.device_sim import DeviceSim, SimState
+
+_POLL_S = 0.05
+
+
+def make_segment_collect(sim: DeviceSim, policy: Policy, horizon: int, gamma: float, reward_scale: float):
+  """Jitted (params, sim_state, key, version) -> (sim_state, SegmentBatch, Finished).
+
+  The same scan as the sync device rollout; obs gets the bootstrap row
+  (the state's obs after the last step) and values are left to the learner.
+  """
+  collect = make_collect(sim, policy, horizon, gamma, reward_scale)
+
+  def segments(params, state: SimState, key: jax.Array, version: jax.Array):
+    state, ro, fin = collect(params, state, key, version)
+    obs = jax.tree.map(lambda rows, last: jnp.concatenate([rows, last[None]]), ro.obs, state.obs)
+    chex.assert_shape(jax.tree.leaves(obs)[0], (horizon + 1, sim.num_envs, ...))
+    batch = SegmentBatch(obs=obs, actions=ro.actions, logp=ro.logp, rewards=ro.rewards, terminated=ro.terminated,
+                         done=ro.done, valid=ro.valid, version=ro.version)
+    return state, batch, fin
+
+  return jax.jit(segments, donate_argnums=(1,))
+
+
+def concat_batches(batches: list[SegmentBatch]) -> SegmentBatch:
+  """Group batches side by side along the env axis (axis 1)."""
+  if len(batches) == 1:
+    return batches[0]
+  return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=1), *batches)
+
+
+class DeviceAsyncScheduler:
+  """scheduler=ebrl on a DeviceSim: one collecting thread per env group, one learner thread."""
+
+  def __init__(self, trainer):
+    t = self.t = trainer
+    self.sim: DeviceSim = t.device_sim
+    self.num_groups = t.cfg.ebrl.num_groups
+    per_group = self.sim.num_envs
+    chex.assert_equal(per_group * self.num_groups, t.cfg.num_envs)
+    segments = t.cfg.ebrl.segments_per_update or t.cfg.num_envs
+    if segments % per_group:  # ebrl/config.py rejects this first; kept for direct construction.
+      raise ValueError(f"ebrl.segments_per_update={segments} must be a multiple of the {per_group} envs per group")
+    self.queue = TrajectoryQueue(segments // per_group, t.cfg.ebrl.max_staleness)
+    lc = t.learner.cfg
+    self.collect = make_segment_collect(self.sim, t.policy, t.cfg.rollout_length, lc.gamma, lc.reward_scale)
+    self.reset_key, self.key = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(t.cfg.seed), 0x5EED))
+    self._replicated = NamedSharding(self.sim.mesh, P()) if self.sim.mesh is not None else None
+    self._lock = threading.Lock()  # Guards the published params, the key counter and env_steps.
+    self._room = threading.Condition()  # Guards starts and tickets; notified when the learner publishes.
+    self._tickets = 0  # Batches granted so far (relative to this run's first version).
+    self._order = threading.Lock()  # Guards the batches waiting for an earlier ticket.
+    self._pending: dict[int, SegmentBatch] = {}
+    self._next = 0  # The ticket the learner gets next.
+    self._compile = threading.Lock()  # The first collect compiles once, not once per group.
+    self._published: tuple = (None, -1)
+    self._nan_resets = [0] * self.num_groups
+    self._stop = threading.Event()
+    self._errors: list[BaseException] = []
+
+  # -- lifecycle --------------------------------------------------------------
+
+  def run(self, total_env_steps: int) -> None:
+    self._total = total_env_steps
+    self._first_version = int(self.t.state.version)  # Resumed runs count capacity from here.
+    self._publish(self.t.state)
+    threads = [threading.Thread(target=self._guard, args=(self._group_loop, g), name=f"group{g}", daemon=True)
+               for g in range(self.num_groups)]
+    threads.append(threading.Thread(target=self._guard, args=(self._learner_loop,), name="learner", daemon=True))
+    for th in threads:
+      th.start()
+    try:
+      while not self._stop.is_set():
+        self._stop.wait(_POLL_S)
+    finally:
+      self._stop.set()
+      self.queue.close()
+      with self._room:
+        self._room.notify_all()
+      for th in threads:
+        th.join(timeout=10.0)
+      alive = [th.name for th in threads if th.is_alive()]
+    if self._errors:
+      raise self._errors[0]
+    if alive:
+      raise RuntimeError(f"stage threads did not stop within 10 s: {alive}")
+
+  def _guard(self, fn, *args) -> None:
+    try:
+      fn(*args)
+    except BaseException as e:  # pylint: disable=broad-except  # Surfaced by run().
+      self._errors.append(e)
+    finally:
+      self._stop.set()
+
+  def _stopping(self) -> bool:
+    with self._lock:
+      if self.t.should_stop(self._total):
+        self._stop.set()
+    return self._stop.is_set()
+
+  def _publish(self, state) -> None:
+    """Params for the groups: their own copy (the next update donates the learner's), on the sim mesh."""
+    params = jax.tree.map(jnp.copy, state.params)
+    if self._replicated is not None:
+      params = jax.device_put(params, self._replicated)
+    with self._lock:
+      self._published = (params, int(state.version))
+    self.t.sampler.set_params(params, int(state.version))
+
+  # -- group threads: fused sim + generation ----------------------------------
+
+  def _group_loop(self, g: int) -> None:
+    t, lane = self.t, f"group{g}"
+    with t.clock.stage("sim", lane=lane):
+      state = self.sim.reset(jax.random.fold_in(self.reset_key, g))
+      jax.block_until_ready(state)
+    first = True
+    while not self._stopping():
+      start = self._reserve()
+      if start is None:
+        continue
+      ticket, params, version, key = start
+      with t.clock.stage("sim", lane=lane):
+        if first:
+          with self._compile:
+            state, batch, finished = self.collect(params, state, key, jnp.int32(version))
+            jax.block_until_ready(batch)
+          first = False
+        else:
+          state, batch, finished = self.collect(params, state, key, jnp.int32(version))
+        finished, nan_resets = jax.device_get((finished, state.nan_resets))
+      self._account(g, finished, int(nan_resets))
+      self._release(ticket, batch)
+
+  def _reserve(self) -> tuple | None:
+    """The next batch's (ticket, params, version, key) under the capacity rule, or None after a short wait."""
+    with self._room:
+      if not self.queue.try_start(1):
+        self._room.wait(_POLL_S)
+        return None
+      ticket = self._tickets
+      self._tickets += 1
+    with self._lock:
+      params, version = self._published
+      # The sampler's call counter numbers the collects, so a resumed run continues the key sequence.
+      calls = self.t.sampler.calls
+      self.t.sampler.restore_counter(calls + 1)
+    return ticket, params, version, jax.random.fold_in(self.key, calls)
+
+  def _release(self, ticket: int, batch: SegmentBatch) -> None:
+    """Queues batches for the learner in ticket order (see the module docstring)."""
+    with self._order:
+      self._pending[ticket] = batch
+      while self._next in self._pending:
+        self.queue.put(self._pending.pop(self._next))
+        self._next += 1
+
+  def _account(self, g: int, finished: Finished, nan_resets: int) -> None:
+    self.t.tracker.add_episodes(finished)
+    with self._lock:
+      self._nan_resets[g] = nan_resets
+      self.sim.nan_resets = sum(self._nan_resets)
+      self.t.add_env_steps(self.sim.num_envs * self.t.cfg.rollout_length)
+
+  # -- learner thread: update -------------------------------------------------
+
+  def _learner_loop(self) -> None:
+    t = self.t
+    while not self._stopping():
+      batches = self.queue.get_batch(timeout=_POLL_S)
+      if batches is None:
+        continue
+      batch = concat_batches(batches)
+      with t.clock.stage("train", lane="learner"):
+        t.state, metrics = t.learner.update_segments(t.state, batch)
+        jax.block_until_ready(t.state)
+      self._publish(t.state)
+      with self._room:
+        self.queue.set_version(int(t.state.version) - self._first_version)
+        self._room.notify_all()
+      t.after_update(metrics)

@@ -34,6 +34,7 @@ class TrajectoryQueue:
     self._cv = threading.Condition()
     self._segments: collections.deque[Segment] = collections.deque()
     self.started = 0
+    self.forced = 0  # Segments started beyond capacity (see force_start).
     self.version = 0
     self.closed = False
 
@@ -50,6 +51,13 @@ class TrajectoryQueue:
       k = min(n, self._capacity())
       self.started += k
       return k
+
+  def force_start(self, n: int) -> int:
+    """Starts n segments beyond capacity (deadlock breaker); the learner's mask keeps the bound."""
+    with self._cv:
+      self.started += n
+      self.forced += n
+      return n
 
   def put(self, segment: Segment) -> None:
     with self._cv:

@@ -79,6 +79,9 @@ class SimAdapter(Protocol):
   def recv(self) -> StepBatch:
     """Return the envs that are ready (at least one)."""
 
+  def can_recv(self) -> bool:
+    """Whether `recv` can return without more sends (async EnvPool needs a whole batch in flight)."""
+
   def step(self, actions: np.ndarray) -> StepBatch:
     """Step every env and return all of them, ordered by env id."""
 

@@ -107,6 +107,7 @@ class EnvPoolAdapter:
     self._prev_done = np.ones(num_envs, bool)  # Next row of each env is a reset.
     self._needs_reset = np.zeros(num_envs, bool)
     self._stash: list[StepBatch] = []
+    self._in_flight = 0  # Envs sent (or reset) and not yet received.
     self.nan_resets = 0
 
   # -- conversion ------------------------------------------------------------
@@ -162,10 +163,12 @@ class EnvPoolAdapter:
     self._stash.clear()
     self._prev_done[:] = True
     self._needs_reset[:] = False
+    self._in_flight = self.num_envs
     self._pool.async_reset()
 
   def send(self, actions: np.ndarray, env_ids: np.ndarray) -> None:
     env_ids = np.asarray(env_ids, np.int32)
+    self._in_flight += len(env_ids)
     redo = self._needs_reset[env_ids]
     if redo.any():
       reset_ids = env_ids[redo]
@@ -182,10 +185,14 @@ class EnvPoolAdapter:
         return
     self._pool.send(np.asarray(actions, self._action_dtype), env_ids)
 
+  def can_recv(self) -> bool:
+    """Whether `recv` can return: async EnvPool waits for a whole batch of envs in flight."""
+    return bool(self._stash) or self._in_flight >= (self.batch_size if self.is_async else 1)
+
   def recv(self) -> StepBatch:
-    if self._stash:
-      return self._stash.pop(0)
-    return self._to_batch(self._pool.recv())
+    b = self._stash.pop(0) if self._stash else self._to_batch(self._pool.recv())
+    self._in_flight -= len(b)
+    return b
 
   def step(self, actions: np.ndarray) -> StepBatch:
     self.send(actions, np.arange(self.num_envs, dtype=np.int32))

@@ -11,13 +11,17 @@ row carries exactly what the inner adapter returned) and both costing no CPU
 heavier scene on its own worker does):
 
 * Latency model (default, `per_env_step_s=None`): a straggler's step takes
-  `slowdown` times the latency it had in the inner adapter, measured from its
-  `send` to the inner `recv` that returned it. Its row is released
-  `(slowdown - 1) * latency` after the inner adapter returned it. In a
-  synchronous `step` every env's latency is the whole batch's step time, so one
-  straggler makes the step `slowdown` times longer, which is what a barrier
-  does to a batch with a slow env. In asynchronous use its latency is its own
-  round trip, and the other envs carry on meanwhile.
+  `slowdown` times the latency it had in the inner adapter, counted from its
+  `send` (or from the start of the `recv` that returned it, if later) to the
+  end of that `recv`: the time the caller actually waited on it. Its row is
+  released `(slowdown - 1) * latency` after the inner adapter returned it. In
+  a synchronous `step` every env's latency is the whole batch's step time, so
+  one straggler makes the step `slowdown` times longer, which is what a barrier
+  does to a batch with a slow env; in asynchronous use the other envs carry on
+  meanwhile. Counting only waited time keeps delays from compounding (a wait
+  for one straggler is not part of the next straggler's latency), at the price
+  of under-counting rows that finished while the caller was busy elsewhere, so
+  comparisons between schedulers should use the fixed model.
 * Fixed model (`per_env_step_s` given): the extra latency is
   `(slowdown - 1) * per_env_step_s`, the same for every scheduler. With a
   per-env step time far below a batched simulator's batch time (EnvPool steps
@@ -94,13 +98,9 @@ class StragglerAdapter:
     # The raw EnvPool behind an async adapter waits for `batch_size` envs in
     # `recv`; fewer in flight would block it forever. Returning at most that many
     # rows per `recv` also keeps the batch-size bound callers may size buffers by.
-    self._inner_async = bool(getattr(inner, "is_async", False))
+    # Rows per recv stay within the inner adapter's batch size, which callers may size buffers by.
     inner_batch = int(getattr(inner, "batch_size", None) or self.num_envs)
-    # An inner adapter that knows whether its recv can return (MT10: a pool with a
-    # full batch in flight) says so; otherwise the count of envs in flight decides.
-    self._inner_can_recv = getattr(inner, "can_recv", None)
-    self._inner_min = inner_batch if self._inner_async else 1
-    self._max_rows = inner_batch if self._inner_async and self._inner_can_recv is None else self.num_envs
+    self._max_rows = inner_batch if getattr(inner, "is_async", False) else self.num_envs
     self._inner_in_flight = 0  # rows the inner adapter still owes us
     self._held: list[tuple[float, int, StepBatch]] = []  # (due time, tie-break, rows)
     self._seq = itertools.count()
@@ -146,6 +146,7 @@ class StragglerAdapter:
 
   def _pull(self) -> None:
     """One inner `recv`: fast rows are due now, straggler rows after the extra latency."""
+    t0 = time.perf_counter()
     b = self.inner.recv()
     t1 = time.perf_counter()
     self._inner_in_flight -= len(b)
@@ -156,9 +157,9 @@ class StragglerAdapter:
     fast_idx, slow_idx = np.flatnonzero(~slow), np.flatnonzero(slow)
     if len(fast_idx):
       heapq.heappush(self._held, (t1, next(self._seq), _take(b, fast_idx)))
-    # Each straggler row is due after its own extra latency (its own send time).
+    # Each straggler row is due after its own extra latency (from its own send, or the wait's start).
     for i in slow_idx:
-      due = t1 + self.extra_latency_s(t1 - self._sent_at[b.env_ids[i]])
+      due = t1 + self.extra_latency_s(t1 - max(t0, self._sent_at[b.env_ids[i]]))
       heapq.heappush(self._held, (due, next(self._seq), _take(b, np.array([i]))))
     self.delayed_rows += len(slow_idx)
 
@@ -175,6 +176,10 @@ class StragglerAdapter:
       count += len(b)
     return out
 
+  def can_recv(self) -> bool:
+    """Whether `recv` can return: a row is held (it falls due) or the inner adapter can return."""
+    return bool(self._held) or self.inner.can_recv()
+
   def recv(self) -> StepBatch:
     """The rows due now; waits for the next inner batch or the earliest held row.
 
@@ -190,15 +195,14 @@ class StragglerAdapter:
       due = self._pop_due(time.perf_counter())
       if due:
         return concat_sorted(due)
-      if (self._inner_can_recv() if self._inner_can_recv is not None
-          else self._inner_in_flight >= self._inner_min):
+      if self.inner.can_recv():
         self._pull()
       elif self._held:
         time.sleep(max(0.0, self._held[0][0] - time.perf_counter()))
       elif self._inner_in_flight > 0:
         raise RuntimeError(
-            f"recv() would block forever: {self._inner_in_flight} envs in flight, the inner "
-            f"adapter returns batches of {self._inner_min}; send() more envs first")
+            f"recv() would block forever: {self._inner_in_flight} envs in flight, too few for the "
+            "inner adapter to return a batch; send() more envs first")
       else:
         raise RuntimeError("recv() called with no envs in flight; send() first")
 

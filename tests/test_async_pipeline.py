@@ -83,9 +83,9 @@ def test_assembler_matches_sync_rollout_on_a_deterministic_env(split):
   assert any(s.done.any() for s in segments) and any((~s.valid).any() for s in segments)
 
 
-def _simulate(durations: list[float], eta: int, b: int, updates: int, seed: int):
+def _simulate(durations: list[float], eta: int, b: int, updates: int, seed: int, jitter: float = 0.5):
   """Event-driven run of the real assembler and queue: env i takes durations[i] per step
-  (with jitter); the learner consumes b segments whenever available. Returns, per update,
+  (times a uniform factor in [1 - jitter, 1 + jitter]); the learner consumes b segments whenever available. Returns, per update,
   the learner version and the versions of the samples it received."""
   spec = EnvSpec("toy", {"state": ObsSpec((1,), np.dtype(np.float32))}, 1, -np.ones(1, np.float32),
                  np.ones(1, np.float32), 100, False)
@@ -106,7 +106,7 @@ def _simulate(durations: list[float], eta: int, b: int, updates: int, seed: int)
     zero = np.zeros((1, 1), np.float32)
     asm.start(np.array([i]), {"state": zero}, Actions(zero, zero, np.zeros(1, np.float32), np.zeros(1, np.float32)),
               q.version)
-    heapq.heappush(events, (now + durations[i] * rng.uniform(0.5, 1.5), i))
+    heapq.heappush(events, (now + durations[i] * rng.uniform(1.0 - jitter, 1.0 + jitter), i))
 
   while len(used) < updates:
     now, i = heapq.heappop(events)
@@ -142,10 +142,15 @@ def test_staleness_bound_over_random_timings(durations, eta, seed):
 
 
 @hypothesis.settings(max_examples=20, deadline=None)
-@hypothesis.given(n=st.integers(2, 8), eta=st.integers(0, 3), seed=st.integers(0, 2**16))
-def test_equal_speed_envs_need_no_masking(n, eta, seed):
-  """The capacity rule alone keeps same-speed envs within eta: the learner drops nothing."""
-  used = _simulate([1.0] * n, eta, b=n, updates=6, seed=seed)
+@pytest.mark.parametrize("n", [2, 5, 8])
+@pytest.mark.parametrize("eta", [0, 1, 3])
+def test_equal_speed_envs_need_no_masking(n, eta):
+  """The capacity rule alone keeps envs of one fixed speed within eta: the learner drops nothing.
+
+  (With jitter, a segment started at version v can still be running when the
+  learner reaches v + eta + 1; those samples are masked, which the test above covers.)
+  """
+  used = _simulate([1.0] * n, eta, b=n, updates=6, seed=0, jitter=0.0)
   for version, versions in used:
     assert fresh_mask(version, versions, eta).all()
 

@@ -65,6 +65,9 @@ class _FakeAdapter:
   def send(self, actions, env_ids):
     self._queue.extend(int(i) for i in env_ids)
 
+  def can_recv(self):
+    return len(self._queue) >= self.batch_size
+
   def recv(self):
     assert len(self._queue) >= self.batch_size, "raw recv would block forever"
     if self.step_s:

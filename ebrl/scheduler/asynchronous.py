@@ -75,6 +75,9 @@ class AsyncScheduler:
     self._late = [queue.Queue() for _ in range(len(self.groups))]
     self._parked: list[tuple[int, np.ndarray, dict[str, np.ndarray]]] = []  # (group, local ids, obs)
     self._stop = threading.Event()
+    # Set by a group that cannot recv (too few envs in flight for a whole batch) and
+    # got no parked actions for a while: its parked envs are then served at once.
+    self._starved = [threading.Event() for _ in range(len(self.groups))]
     self._errors: list[BaseException] = []
 
   # -- lifecycle --------------------------------------------------------------
@@ -122,14 +125,17 @@ class AsyncScheduler:
   def _group_loop(self, g: int) -> None:
     adapter, clock, lane = self.groups[g], self.t.clock, f"group{g}"
     adapter.reset()
-    in_flight = adapter.num_envs
     while not self._stopping():
-      in_flight += self._send_late(g, block=in_flight == 0)
-      if in_flight == 0:
+      # Envs parked by the staleness bound may leave too few in flight for a recv to
+      # return (async EnvPool waits for a whole batch): then wait for their actions.
+      sent = self._send_late(g, block=not adapter.can_recv())
+      if not adapter.can_recv():
+        if not sent:
+          self._starved[g].set()
         continue
+      self._starved[g].clear()
       with clock.stage("sim", lane=lane):
         batch = adapter.recv()
-      in_flight -= len(batch)
       self._ready.put((g, batch))
       reply = self._wait(self._replies[g])
       if reply is None:
@@ -137,7 +143,6 @@ class AsyncScheduler:
       ids, env_actions = reply
       if len(ids):
         adapter.send(env_actions, ids)
-        in_flight += len(ids)
 
   def _send_late(self, g: int, block: bool) -> int:
     """Sends actions generated for this group's parked envs; returns how many."""
@@ -241,6 +246,12 @@ class AsyncScheduler:
     keep = []
     for g, ids, obs in self._parked:
       granted = self.queue.try_start(len(ids))
+      if granted < len(ids) and self._starved[g].is_set():
+        # The envs still in flight in this group can only come back once these are
+        # sent too (async EnvPool returns whole batches), and the learner may need
+        # their segments: start them beyond capacity. The learner masks any of
+        # their samples that end up more than eta versions old, so the bound holds.
+        granted += self.queue.force_start(len(ids) - granted)
       if granted:
         go = slice(0, granted)
         sub = {k: v[go] for k, v in obs.items()}

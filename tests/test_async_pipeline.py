@@ -141,7 +141,6 @@ def test_staleness_bound_over_random_timings(durations, eta, seed):
     assert (versions <= version).all()  # ... and never from the future.
 
 
-@hypothesis.settings(max_examples=20, deadline=None)
 @pytest.mark.parametrize("n", [2, 5, 8])
 @pytest.mark.parametrize("eta", [0, 1, 3])
 def test_equal_speed_envs_need_no_masking(n, eta):

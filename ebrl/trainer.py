@@ -93,6 +93,7 @@ class Trainer:
     self.env_steps = 0
     self.prior_wall_s = 0.0  # Wall time of earlier launches of this run (resume).
     self.time_to_success_s = None
+    self.env_steps_to_success = None  # Env steps when time_to_success_s was reached (sample efficiency).
     self.best_success_rate = float("nan")
     if cfg.resume:
       self._resume()
@@ -155,6 +156,7 @@ class Trainer:
     self.env_steps = int(meta["env_steps"])
     self.prior_wall_s = float(meta["wall_s"])
     self.time_to_success_s = meta.get("time_to_success_s")
+    self.env_steps_to_success = meta.get("env_steps_to_success")
     self.best_success_rate = float(meta.get("best_success_rate") or float("nan"))
     self.tracker.load_state_dict(meta.get("episodes", {}))
     self.sampler.restore_counter(int(meta.get("sampler_calls", 0)))
@@ -162,6 +164,7 @@ class Trainer:
 
   def checkpoint(self) -> None:
     meta = {"env_steps": self.env_steps, "wall_s": self.wall_s(), "time_to_success_s": self.time_to_success_s,
+            "env_steps_to_success": self.env_steps_to_success,
             "best_success_rate": _finite_or_none(self.best_success_rate),
             "episodes": self.tracker.state_dict(), "sampler_calls": self.sampler.calls}
     self.checkpointer.save(self.env_steps, self.state, meta)
@@ -185,6 +188,7 @@ class Trainer:
       self.best_success_rate = sr if not math.isfinite(self.best_success_rate) else max(self.best_success_rate, sr)
       if (self.time_to_success_s is None and self.tracker.window_full and sr >= self.cfg.target_success):
         self.time_to_success_s = self.wall_s()
+        self.env_steps_to_success = self.env_steps
     self._last_metrics = metrics
     for hook in self.update_hooks:
       hook(self)
@@ -252,6 +256,7 @@ class Trainer:
         "final_success_rate": _finite_or_none(self.tracker.success_rate),
         "best_success_rate": _finite_or_none(self.best_success_rate),
         "time_to_success_s": self.time_to_success_s,
+        "env_steps_to_success": self.env_steps_to_success,
         "target_success": self.cfg.target_success,
         "final_episode_return": _finite_or_none(self.tracker.episode_return),
         "episodes": self.tracker.episodes,

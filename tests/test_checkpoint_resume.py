@@ -54,7 +54,7 @@ def test_run_writes_all_outputs(first_run):
   assert os.listdir(workdir / "tb")
   summary = json.loads((workdir / "summary.json").read_text())
   for key in ("env", "policy", "scheduler", "env_steps", "wall_s", "env_steps_per_s", "final_success_rate",
-              "best_success_rate", "time_to_success_s"):
+              "best_success_rate", "time_to_success_s", "env_steps_to_success"):
     assert key in summary
   assert summary["env_steps"] == 128 and summary["policy_version"] == 4
   row = json.loads((workdir / "metrics.jsonl").read_text().splitlines()[-1])

@@ -21,4 +21,6 @@ def test_sync_ppo_solves_reach(tmp_path):
   assert returns[-1] > 2.0 * returns[0]
   assert summary["final_success_rate"] >= 0.9
   assert summary["time_to_success_s"] is not None
+  # Success over a full window of 100 episodes needs at least 100 finished episodes' steps.
+  assert 100 * 500 <= summary["env_steps_to_success"] <= summary["env_steps"]
   assert summary["nan_resets"] == 0 and summary["skipped_updates"] == 0

@@ -48,7 +48,8 @@ def _stage_threads():
 def _run(cfg, workdir):
   trainer = Trainer(cfg, str(workdir), progress=False)
   seen = []
-  trainer.update_hooks.append(lambda t: seen.append(jax.device_get(t._last_metrics)))  # pylint: disable=protected-access
+  # pylint: disable-next=protected-access
+  trainer.update_hooks.append(lambda t: seen.append(jax.device_get(t._last_metrics)))
   make_scheduler("ebrl", trainer).run(cfg.total_env_steps)
   return trainer, trainer.finish(), seen
 

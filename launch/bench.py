@@ -8,7 +8,13 @@ config. Its first `--warmup_updates` updates (compiles, first resets) are not
 timed; then it runs for `--seconds`. Reported per scheduler:
 `e2e_env_steps_per_s` (env steps / timed wall, training included),
 `rollout_env_steps_per_s` (env steps / wall not spent waiting on training),
-`stage_busy` (fraction of the window each stage was busy) and `staleness_mean`.
+`stage_busy` (fraction of the window each stage was busy), `staleness_mean`,
+and the CPU the whole process used: `cpu_cores_used` (CPU seconds per wall
+second, every thread included: simulator, sampler, learner, XLA) and
+`cpu_us_per_env_step`. From them, `work_conserving_env_steps_per_s` is the rate
+this scheduler's own work per step would reach with every usable core busy all
+the time: no schedule doing that work can beat it on this machine, so
+`work_conserving / e2e` bounds what overlapping stages can still gain.
 `ratios` compares schedulers as A_over_B for every pair that ran.
 """
 
@@ -66,18 +72,28 @@ class _Window:
   def __call__(self, trainer) -> None:
     self.updates += 1
     if self.updates == self.warmup:
-      self.start = (time.perf_counter(), trainer.env_steps, trainer.clock.snapshot())
+      self.start = _mark(trainer)
       trainer.deadline = time.time() + self.seconds
 
   def result(self, trainer, end: tuple) -> dict:
-    t0, s0, c0 = self.start
-    t1, s1, c1 = end
+    t0, s0, c0, cpu0 = self.start
+    t1, s1, c1, cpu1 = end
     wall = t1 - t0
     busy = {k: (c1[k] - c0[k]) / wall for k in ("sim", "gen", "train")}
     steps = s1 - s0
+    cores = (cpu1 - cpu0) / wall
+    us_per_step = (cpu1 - cpu0) * 1e6 / max(steps, 1)
     return {"env_steps": steps, "window_s": wall, "e2e_env_steps_per_s": steps / wall,
             "rollout_env_steps_per_s": steps / max(wall * (1.0 - busy["train"]), 1e-9),
-            "stage_busy": busy, "staleness_mean": trainer.staleness_mean()}
+            "stage_busy": busy, "staleness_mean": trainer.staleness_mean(),
+            "cpu_cores_used": cores, "cpu_us_per_env_step": us_per_step,
+            "work_conserving_env_steps_per_s": len(os.sched_getaffinity(0)) * 1e6 / max(us_per_step, 1e-9)}
+
+
+def _mark(trainer) -> tuple:
+  """(wall, env steps, stage clock, process CPU seconds) at this moment."""
+  cpu = os.times()
+  return (time.perf_counter(), trainer.env_steps, trainer.clock.snapshot(), cpu.user + cpu.system)
 
 
 def run_one(name: str, base_cfg, workdir: str) -> dict:
@@ -92,7 +108,7 @@ def run_one(name: str, base_cfg, workdir: str) -> dict:
   window = _Window(_WARMUP.value, _SECONDS.value)
   trainer.update_hooks.append(window)
   make_scheduler(name, trainer).run(cfg.total_env_steps)
-  end = (time.perf_counter(), trainer.env_steps, trainer.clock.snapshot())
+  end = _mark(trainer)
   if window.start is None:
     raise RuntimeError(f"scheduler {name} ended before its warm-up finished")
   result = window.result(trainer, end)
@@ -141,11 +157,13 @@ def main(argv: list[str]) -> None:
          "machine": machine_info(), "results": results, "ratios": ratios}
   with open(_OUT.value, "w") as f:
     json.dump(out, f, indent=2)
-  print(f"\n{'scheduler':<12}{'e2e steps/s':>14}{'rollout steps/s':>18}{'sim':>7}{'gen':>7}{'train':>7}")
+  print(f"\n{'scheduler':<12}{'e2e steps/s':>14}{'rollout steps/s':>18}{'sim':>7}{'gen':>7}{'train':>7}"
+        f"{'cores':>7}{'us/step':>9}{'bound':>9}")
   for name, r in results.items():
     b = r["stage_busy"]
     print(f"{name:<12}{r['e2e_env_steps_per_s']:>14,.0f}{r['rollout_env_steps_per_s']:>18,.0f}"
-          f"{b['sim']:>7.2f}{b['gen']:>7.2f}{b['train']:>7.2f}")
+          f"{b['sim']:>7.2f}{b['gen']:>7.2f}{b['train']:>7.2f}{r['cpu_cores_used']:>7.2f}"
+          f"{r['cpu_us_per_env_step']:>9.1f}{r['work_conserving_env_steps_per_s']:>9,.0f}")
   for k, v in ratios.items():
     print(f"{k} = {v:.3f}")
   print(f"written {_OUT.value} and {timeline_path}")

@@ -52,6 +52,13 @@ class TrajectoryQueue:
       self.started += k
       return k
 
+  def resume_at(self, version: int) -> None:
+    """Continues a run at `version`: the segments of its `version` updates count as started."""
+    with self._cv:
+      self.version = version
+      self.started = version * self.segments_per_update
+      self._cv.notify_all()
+
   def force_start(self, n: int) -> int:
     """Starts n segments beyond capacity (deadlock breaker); the learner's mask keeps the bound."""
     with self._cv:

@@ -224,6 +224,30 @@ def test_ebrl_run_trains_bounds_staleness_and_leaves_no_thread(tmp_path):
   assert (tmp_path / "trace.json").is_file() and (tmp_path / "plots" / "timeline.png").is_file()
 
 
+def test_resumed_ebrl_run_keeps_the_staleness_bound_without_dropping(tmp_path):
+  """A resumed run counts its earlier updates' segments as started: no burst of too-stale segments."""
+  trainer = Trainer(_tiny_ebrl_config(1_000), str(tmp_path), progress=False)
+  make_scheduler("ebrl", trainer).run(1_000)
+  first = trainer.finish()
+  cfg = _tiny_ebrl_config(2_000)
+  cfg.resume = True
+  trainer = Trainer(cfg, str(tmp_path), progress=False)
+  assert int(trainer.state.version) == first["policy_version"] > 0
+  seen = []
+  trainer.update_hooks.append(lambda t: seen.append(t._last_metrics))  # pylint: disable=protected-access
+  make_scheduler("ebrl", trainer).run(2_000)
+  trainer.finish()
+  assert len(seen) >= 5
+  for m in seen:
+    assert int(m["staleness_max"]) <= 1 and int(m["stale_dropped"]) == 0, m
+
+
+def test_queue_resume_counts_earlier_updates_as_started():
+  q = TrajectoryQueue(segments_per_update=4, max_staleness=2)
+  q.resume_at(10)
+  assert q.version == 10 and q.capacity() == (2 + 1) * 4
+
+
 def test_stage_exception_surfaces_as_the_runs_error(tmp_path):
   trainer = Trainer(_tiny_ebrl_config(10**9), str(tmp_path), progress=False)
 

@@ -86,7 +86,10 @@ class AsyncScheduler:
     self._total = total_env_steps
     t = self.t
     t.sampler.set_params(_copy(t.state.params), int(t.state.version))
-    self.queue.set_version(int(t.state.version))
+    # A resumed run starts at its restored version: count the segments of the updates
+    # already made as started, or the capacity rule would start a burst of segments
+    # that the learner then drops as too stale.
+    self.queue.resume_at(int(t.state.version))
     threads = [threading.Thread(target=self._guard, args=(self._group_loop, g), name=f"group{g}", daemon=True)
                for g in range(len(self.groups))]
     threads.append(threading.Thread(target=self._guard, args=(self._sampler_loop,), name="sampler", daemon=True))
@@ -246,11 +249,13 @@ class AsyncScheduler:
     keep = []
     for g, ids, obs in self._parked:
       granted = self.queue.try_start(len(ids))
-      if granted < len(ids) and self._starved[g].is_set():
-        # The envs still in flight in this group can only come back once these are
-        # sent too (async EnvPool returns whole batches), and the learner may need
-        # their segments: start them beyond capacity. The learner masks any of
-        # their samples that end up more than eta versions old, so the bound holds.
+      if (granted < len(ids) and self._starved[g].is_set()
+          and len(self.queue) < self.queue.segments_per_update):
+        # Deadlock: the learner waits for segments of envs still in flight in this
+        # group, which can only come back once these are sent too (async EnvPool
+        # returns whole batches). Start them beyond capacity; the learner masks any
+        # of their samples that end up more than eta versions old, so the bound holds.
+        # (A learner that merely lags has a full update queued and is left to catch up.)
         granted += self.queue.force_start(len(ids) - granted)
       if granted:
         go = slice(0, granted)

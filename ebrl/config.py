@@ -23,6 +23,34 @@ def _positive(name: str, value) -> None:
     raise UserError(f"{name}={value!r} must be a positive number")
 
 
+def num_groups(cfg) -> int:
+  """How many env groups the scheduler drives.
+
+  ebrl.num_groups = 0 picks: 1 for MetaWorld/MT10, whose ten task pools already
+  run independently of each other (one receiver thread each), so splitting them
+  further only shrinks every pool's batches; 2 otherwise, so one group simulates
+  while the other's actions are generated.
+  """
+  if cfg.scheduler == "ebrl":
+    return cfg.ebrl.num_groups or (1 if cfg.env.name == "MetaWorld/MT10" else 2)
+  if cfg.scheduler == "pipelined":
+    return cfg.pipelined.num_stages
+  return 1
+
+
+def default_recv_batch(cfg, per_group: int) -> int:
+  """Envs an ebrl group's recv returns (ebrl.recv_batch = 0).
+
+  Half a group for one EnvPool: envs return in two waves that overlap the other
+  group's generation. MT10 splits the batch over its task pools in proportion;
+  there all but one env of each pool: the pools already return independently,
+  and bigger batches spend less Python time per env step.
+  """
+  if cfg.ebrl.recv_batch:
+    return cfg.ebrl.recv_batch
+  return max(1, per_group - 1 if cfg.env.name == "MetaWorld/MT10" else per_group // 2)
+
+
 def validate(cfg, num_devices: int) -> None:
   """Raises UserError for the first problem found in cfg."""
   from policies import POLICY_NAMES
@@ -59,8 +87,10 @@ def validate(cfg, num_devices: int) -> None:
   if batch % cfg.algorithm.num_minibatches:
     raise UserError(f"algorithm.num_minibatches={cfg.algorithm.num_minibatches} must divide "
                     f"num_envs * rollout_length = {batch}")
-  groups = {"ebrl": cfg.ebrl.num_groups, "pipelined": cfg.pipelined.num_stages}.get(cfg.scheduler, 1)
   key = {"ebrl": "ebrl.num_groups", "pipelined": "pipelined.num_stages"}.get(cfg.scheduler)
+  if cfg.scheduler == "ebrl" and (not isinstance(cfg.ebrl.num_groups, int) or cfg.ebrl.num_groups < 0):
+    raise UserError(f"ebrl.num_groups={cfg.ebrl.num_groups!r} must be an integer >= 0 (0 = auto)")
+  groups = num_groups(cfg)
   if key:
     _positive(key, groups)
     if cfg.num_envs % groups:

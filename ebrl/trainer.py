@@ -61,12 +61,11 @@ class Trainer:
     self.launch_time = launch_time or time.time()
     config_lib.validate(cfg, jax.local_device_count())
     config_lib.check_workdir(self.workdir)
-    num_groups, self.recv_batch = 1, None
+    num_groups = config_lib.num_groups(cfg)
+    self.num_groups = num_groups
+    self.recv_batch = None
     if cfg.scheduler == "ebrl":
-      num_groups = cfg.ebrl.num_groups
-      self.recv_batch = cfg.ebrl.recv_batch or max(1, cfg.num_envs // num_groups // 2)
-    elif cfg.scheduler == "pipelined":
-      num_groups = cfg.pipelined.num_stages
+      self.recv_batch = config_lib.default_recv_batch(cfg, cfg.num_envs // num_groups)
     self.device_sim = None
     if is_device_env(cfg.env.name):
       self._build_device_sim(cfg, num_groups)

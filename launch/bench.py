@@ -7,7 +7,8 @@ Each scheduler runs in turn on a fresh adapter and learner built from the same
 config. Its first `--warmup_updates` updates (compiles, first resets) are not
 timed; then it runs for `--seconds`. Reported per scheduler:
 `e2e_env_steps_per_s` (env steps / timed wall, training included),
-`rollout_env_steps_per_s` (env steps / wall not spent waiting on training),
+`rollout_env_steps_per_s` (env steps / wall not spent waiting on training; for
+schedulers whose training overlaps the rollout, the e2e rate),
 `stage_busy` (fraction of the window each stage was busy), `staleness_mean`,
 and the CPU the whole process used: `cpu_cores_used` (CPU seconds per wall
 second, every thread included: simulator, sampler, learner, XLA) and
@@ -107,11 +108,14 @@ def run_one(name: str, base_cfg, workdir: str) -> dict:
   trainer = Trainer(cfg, workdir, progress=False)
   window = _Window(_WARMUP.value, _SECONDS.value)
   trainer.update_hooks.append(window)
-  make_scheduler(name, trainer).run(cfg.total_env_steps)
+  scheduler = make_scheduler(name, trainer)
+  scheduler.run(cfg.total_env_steps)
   end = _mark(trainer)
   if window.start is None:
     raise RuntimeError(f"scheduler {name} ended before its warm-up finished")
   result = window.result(trainer, end)
+  if getattr(scheduler, "overlaps_training", False):
+    result["rollout_env_steps_per_s"] = result["e2e_env_steps_per_s"]
   trainer.finish()
   result["_spans"] = trainer.tracer.spans()
   return result

@@ -43,6 +43,8 @@ def test_bench_runs_schedulers_side_by_side_and_writes_the_contract(tmp_path):
         data["machine"]["usable_cores"] * 1e6 / r["cpu_us_per_env_step"])
     assert r["work_conserving_env_steps_per_s"] >= r["e2e_env_steps_per_s"] * 0.9
   assert data["results"]["random"]["stage_busy"]["train"] == 0.0
+  ebrl = data["results"]["ebrl"]  # Training overlaps its rollout: the rollout rate is the e2e rate.
+  assert ebrl["rollout_env_steps_per_s"] == ebrl["e2e_env_steps_per_s"]
   assert data["results"]["ebrl"]["staleness_mean"] <= 2.0  # eta = 2 by default
   for a, b in (("sync", "random"), ("ebrl", "sync"), ("ebrl", "random")):
     ratio = data["ratios"][f"{a}_over_{b}"]

@@ -60,6 +60,9 @@ def _rows(b: StepBatch, idx: np.ndarray) -> dict[str, np.ndarray]:
 
 
 class AsyncScheduler:
+  # Training runs beside the rollout (only the staleness bound couples them), so the
+  # rollout rate is the e2e rate.
+  overlaps_training = True
 
   def __init__(self, trainer):
     t = self.t = trainer

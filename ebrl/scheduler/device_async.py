@@ -87,12 +87,15 @@ def concat_batches(batches: list[SegmentBatch]) -> SegmentBatch:
 
 
 class DeviceAsyncScheduler:
+  # Training runs beside the rollout (only the staleness bound couples them), so the
+  # rollout rate is the e2e rate.
+  overlaps_training = True
   """scheduler=ebrl on a DeviceSim: one collecting thread per env group, one learner thread."""
 
   def __init__(self, trainer):
     t = self.t = trainer
     self.sim: DeviceSim = t.device_sim
-    self.num_groups = t.cfg.ebrl.num_groups
+    self.num_groups = t.num_groups
     per_group = self.sim.num_envs
     chex.assert_equal(per_group * self.num_groups, t.cfg.num_envs)
     segments = t.cfg.ebrl.segments_per_update or t.cfg.num_envs

@@ -162,12 +162,12 @@ def main(argv: list[str]) -> None:
   with open(_OUT.value, "w") as f:
     json.dump(out, f, indent=2)
   print(f"\n{'scheduler':<12}{'e2e steps/s':>14}{'rollout steps/s':>18}{'sim':>7}{'gen':>7}{'train':>7}"
-        f"{'cores':>7}{'us/step':>9}{'bound':>9}")
+        f"{'cores':>7}{'us/step':>9}{'bound':>12}")
   for name, r in results.items():
     b = r["stage_busy"]
     print(f"{name:<12}{r['e2e_env_steps_per_s']:>14,.0f}{r['rollout_env_steps_per_s']:>18,.0f}"
           f"{b['sim']:>7.2f}{b['gen']:>7.2f}{b['train']:>7.2f}{r['cpu_cores_used']:>7.2f}"
-          f"{r['cpu_us_per_env_step']:>9.1f}{r['work_conserving_env_steps_per_s']:>9,.0f}")
+          f"{r['cpu_us_per_env_step']:>9.1f}{r['work_conserving_env_steps_per_s']:>12,.0f}")
   for k, v in ratios.items():
     print(f"{k} = {v:.3f}")
   print(f"written {_OUT.value} and {timeline_path}")

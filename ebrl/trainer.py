@@ -9,13 +9,11 @@ anything is compiled (see ebrl/config.py).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
 
 import jax
-import numpy as np
 import tqdm
 
 from ebrl import config as config_lib

@@ -20,7 +20,6 @@ if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
 import jax  # pylint: disable=g-import-not-at-top
-import jax.numpy as jnp
 import numpy as np
 
 from ebrl.algorithms.ppo import PPOConfig

@@ -15,12 +15,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from interrupt import interrupt_run
 from ebrl.assembler import TrajectoryAssembler
 from ebrl.learner import Learner, LearnerConfig
 from ebrl.rollout import RolloutBuffer
 from ebrl.sampler import Actions
 from ebrl.scheduler import make_scheduler
-from ebrl.scheduler.asynchronous import stack_segments
 from ebrl.trainer import Trainer
 from ebrl.trajectory_queue import TrajectoryQueue, fresh_mask
 from launch.configs import default
@@ -263,35 +263,7 @@ def test_stage_exception_surfaces_as_the_runs_error(tmp_path):
 
 def test_ctrl_c_stops_threads_saves_checkpoint_and_summary(tmp_path):
   """SIGINT mid-run: the run ends within 10 s with a checkpoint and summary.json."""
-  import json  # pylint: disable=g-import-not-at-top
-  import os
-  import signal
-  import subprocess
-  import sys
-  import time
-
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  workdir = tmp_path / "run"
-  args = ["launch.train", "--progress=false", f"--workdir={workdir}", "--config.scheduler=ebrl",
-          "--config.num_envs=8", "--config.rollout_length=8", "--config.policy.hidden=(16,16)",
-          "--config.algorithm.num_minibatches=2", "--config.log_every_s=0.2"]
-  # Python leaves SIGINT ignored when its parent ignored it (background jobs): re-arm it in the child.
-  boot = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-          f"sys.argv = {args!r}; runpy.run_module('launch.train', run_name='__main__')")
-  proc = subprocess.Popen([sys.executable, "-c", boot], cwd=root, env={**os.environ, "PYTHONPATH": root},
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-  try:
-    deadline = time.time() + 120
-    while not (workdir / "metrics.jsonl").exists() or not (workdir / "metrics.jsonl").read_text().strip():
-      assert time.time() < deadline and proc.poll() is None, "the run never started logging"
-      time.sleep(0.2)
-    sent = time.time()
-    proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=30)
-  finally:
-    proc.kill()
-  assert time.time() - sent < 10, out
-  assert proc.returncode == 0, out
-  summary = json.loads((workdir / "summary.json").read_text())
-  assert 0 < summary["env_steps"] < 600_000
-  assert str(summary["env_steps"]) in os.listdir(workdir / "checkpoints")
+  summary = interrupt_run(tmp_path / "run", [
+      "--config.scheduler=ebrl", "--config.num_envs=8", "--config.rollout_length=8",
+      "--config.policy.hidden=(16,16)", "--config.algorithm.num_minibatches=2"])
+  assert summary["scheduler"] == "ebrl"

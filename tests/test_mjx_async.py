@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from interrupt import interrupt_run
 from ebrl.learner import Learner
 from ebrl.scheduler import make_scheduler
 from ebrl.scheduler.device import make_collect
@@ -140,34 +141,7 @@ def test_segments_per_update_must_take_whole_groups(tmp_path):
 
 def test_ctrl_c_stops_threads_saves_checkpoint_and_summary(tmp_path):
   """SIGINT mid-run: every thread stops within 10 s, then the checkpoint and summary.json are written."""
-  import os  # pylint: disable=g-import-not-at-top
-  import signal
-  import subprocess
-  import sys
-  import time
-
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  workdir = tmp_path / "run"
-  args = ["launch.train", "--progress=false", f"--workdir={workdir}", "--config.env.name=mjx:CartpoleBalance",
-          "--config.scheduler=ebrl", f"--config.num_envs={N}", f"--config.rollout_length={T}",
-          "--config.policy.hidden=(16,16)", "--config.algorithm.num_minibatches=2", "--config.log_every_s=0.2"]
-  # Python leaves SIGINT ignored when its parent ignored it (background jobs): re-arm it in the child.
-  boot = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-          f"sys.argv = {args!r}; runpy.run_module('launch.train', run_name='__main__')")
-  proc = subprocess.Popen([sys.executable, "-c", boot], cwd=root, env={**os.environ, "PYTHONPATH": root},
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-  try:
-    deadline = time.time() + 120
-    while not (workdir / "metrics.jsonl").exists() or not (workdir / "metrics.jsonl").read_text().strip():
-      assert time.time() < deadline and proc.poll() is None, "the run never started logging"
-      time.sleep(0.2)
-    sent = time.time()
-    proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=30)
-  finally:
-    proc.kill()
-  assert time.time() - sent < 10, out
-  assert proc.returncode == 0, out
-  summary = json.loads((workdir / "summary.json").read_text())
-  assert summary["scheduler"] == "ebrl" and 0 < summary["env_steps"] < 600_000  # The default budget.
-  assert str(summary["env_steps"]) in os.listdir(workdir / "checkpoints")
+  summary = interrupt_run(tmp_path / "run", [
+      "--config.env.name=mjx:CartpoleBalance", "--config.scheduler=ebrl", f"--config.num_envs={N}",
+      f"--config.rollout_length={T}", "--config.policy.hidden=(16,16)", "--config.algorithm.num_minibatches=2"])
+  assert summary["scheduler"] == "ebrl"

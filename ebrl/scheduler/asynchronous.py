@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ebrl.assembler import Segment, TrajectoryAssembler
-from ebrl.sampler import Actions
+from ebrl.scheduler.stage_threads import StageThreads
 from ebrl.trajectory_queue import TrajectoryQueue
 from ebrl.types import SegmentBatch
 from sim_adapters.base import StepBatch
@@ -77,11 +77,11 @@ class AsyncScheduler:
     self._replies = [queue.Queue() for _ in range(len(self.groups))]
     self._late = [queue.Queue() for _ in range(len(self.groups))]
     self._parked: list[tuple[int, np.ndarray, dict[str, np.ndarray]]] = []  # (group, local ids, obs)
-    self._stop = threading.Event()
+    self._stages = StageThreads()
+    self._stop = self._stages.stop
     # Set by a group that cannot recv (too few envs in flight for a whole batch) and
     # got no parked actions for a while: its parked envs are then served at once.
     self._starved = [threading.Event() for _ in range(len(self.groups))]
-    self._errors: list[BaseException] = []
 
   # -- lifecycle --------------------------------------------------------------
 
@@ -93,33 +93,9 @@ class AsyncScheduler:
     # already made as started, or the capacity rule would start a burst of segments
     # that the learner then drops as too stale.
     self.queue.resume_at(int(t.state.version))
-    threads = [threading.Thread(target=self._guard, args=(self._group_loop, g), name=f"group{g}", daemon=True)
-               for g in range(len(self.groups))]
-    threads.append(threading.Thread(target=self._guard, args=(self._sampler_loop,), name="sampler", daemon=True))
-    threads.append(threading.Thread(target=self._guard, args=(self._learner_loop,), name="learner", daemon=True))
-    for th in threads:
-      th.start()
-    try:
-      while not self._stop.is_set():
-        self._stop.wait(_POLL_S)
-    finally:
-      self._stop.set()
-      self.queue.close()
-      for th in threads:
-        th.join(timeout=10.0)
-      alive = [th.name for th in threads if th.is_alive()]
-    if self._errors:
-      raise self._errors[0]
-    if alive:
-      raise RuntimeError(f"stage threads did not stop within 10 s: {alive}")
-
-  def _guard(self, fn, *args) -> None:
-    try:
-      fn(*args)
-    except BaseException as e:  # pylint: disable=broad-except  # Surfaced by run().
-      self._errors.append(e)
-    finally:
-      self._stop.set()
+    stages = [(f"group{g}", self._group_loop, (g,)) for g in range(len(self.groups))]
+    stages += [("sampler", self._sampler_loop, ()), ("learner", self._learner_loop, ())]
+    self._stages.run(stages, on_stop=self.queue.close)
 
   def _stopping(self) -> bool:
     if self.t.should_stop(self._total):

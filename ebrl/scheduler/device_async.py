@@ -52,6 +52,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ebrl.scheduler.device import Finished, make_collect
+from ebrl.scheduler.stage_threads import StageThreads
 from ebrl.trajectory_queue import TrajectoryQueue
 from ebrl.types import SegmentBatch
 from policies.base import Policy
@@ -115,8 +116,8 @@ class DeviceAsyncScheduler:
     self._compile = threading.Lock()  # The first collect compiles once, not once per group.
     self._published: tuple = (None, -1)
     self._nan_resets = [0] * self.num_groups
-    self._stop = threading.Event()
-    self._errors: list[BaseException] = []
+    self._stages = StageThreads()
+    self._stop = self._stages.stop
 
   # -- lifecycle --------------------------------------------------------------
 
@@ -124,34 +125,15 @@ class DeviceAsyncScheduler:
     self._total = total_env_steps
     self._first_version = int(self.t.state.version)  # Resumed runs count capacity from here.
     self._publish(self.t.state)
-    threads = [threading.Thread(target=self._guard, args=(self._group_loop, g), name=f"group{g}", daemon=True)
-               for g in range(self.num_groups)]
-    threads.append(threading.Thread(target=self._guard, args=(self._learner_loop,), name="learner", daemon=True))
-    for th in threads:
-      th.start()
-    try:
-      while not self._stop.is_set():
-        self._stop.wait(_POLL_S)
-    finally:
-      self._stop.set()
-      self.queue.close()
-      with self._room:
-        self._room.notify_all()
-      for th in threads:
-        th.join(timeout=10.0)
-      alive = [th.name for th in threads if th.is_alive()]
-    if self._errors:
-      raise self._errors[0]
-    if alive:
-      raise RuntimeError(f"stage threads did not stop within 10 s: {alive}")
+    stages = [(f"group{g}", self._group_loop, (g,)) for g in range(self.num_groups)]
+    stages.append(("learner", self._learner_loop, ()))
+    self._stages.run(stages, on_stop=self._wake_all)
 
-  def _guard(self, fn, *args) -> None:
-    try:
-      fn(*args)
-    except BaseException as e:  # pylint: disable=broad-except  # Surfaced by run().
-      self._errors.append(e)
-    finally:
-      self._stop.set()
+  def _wake_all(self) -> None:
+    """Stop: wake the learner (queue) and groups waiting for room."""
+    self.queue.close()
+    with self._room:
+      self._room.notify_all()
 
   def _stopping(self) -> bool:
     with self._lock:

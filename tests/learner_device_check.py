@@ -19,6 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
+import device_count  # pylint: disable=g-import-not-at-top
 import jax  # pylint: disable=g-import-not-at-top
 import numpy as np
 
@@ -72,13 +73,7 @@ def flat_params(params) -> dict[str, np.ndarray]:
 
 
 def main(out_path: str, expected: int) -> None:
-  cache = os.environ.get("EBRL_JAX_CACHE", os.path.join(ROOT, ".jax_cache"))
-  jax.config.update("jax_compilation_cache_dir", cache)
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)
-
-  count = jax.local_device_count()
-  print(f"local_device_count={count}")
-  assert count == expected, (count, expected)
+  count = device_count.start(expected)
 
   policy = MLPPolicy(make_spec(), hidden=(16, 16))
   learner = Learner(policy, CONFIG)

@@ -19,6 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
+import device_count  # pylint: disable=g-import-not-at-top
 import jax  # pylint: disable=g-import-not-at-top
 import numpy as np
 
@@ -31,12 +32,7 @@ NUM_ENVS, HORIZON, EPISODE = 8, 6, 4
 
 
 def main(out_path: str, expected: int) -> None:
-  cache = os.environ.get("EBRL_JAX_CACHE", os.path.join(ROOT, ".jax_cache"))
-  jax.config.update("jax_compilation_cache_dir", cache)
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)
-  count = jax.local_device_count()
-  print(f"local_device_count={count}")
-  assert count == expected, (count, expected)
+  device_count.start(expected)
 
   sim = make_device_sim("mjx:CartpoleBalance", NUM_ENVS, max_episode_steps=EPISODE, mesh=make_sim_mesh())
   policy = MLPPolicy(sim.spec, hidden=(16, 16))

@@ -22,7 +22,6 @@ from ebrl.checkpointing import Checkpointer
 from ebrl.errors import UserError
 from ebrl.learner import Learner, LearnerConfig
 from ebrl.sampler import Sampler
-from ebrl.scheduler.device import DeviceEpisodeTracker
 from ebrl.telemetry import plots
 from ebrl.telemetry.episodes import EpisodeTracker
 from ebrl.telemetry.stages import StageClock
@@ -80,8 +79,7 @@ class Trainer:
 
     self.learner = Learner(self.policy, learner_config(cfg))
     self.sampler = Sampler(self.policy, self.spec, seed=cfg.seed + 1)
-    tracker_cls = EpisodeTracker if self.device_sim is None else DeviceEpisodeTracker
-    self.tracker = tracker_cls(cfg.num_envs, self.spec.has_success)
+    self.tracker = EpisodeTracker(cfg.num_envs, self.spec.has_success)
     self.tracer = Tracer()
     self.clock = StageClock(self.tracer)
     self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"), keep=cfg.keep_checkpoints,

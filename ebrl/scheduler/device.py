@@ -44,18 +44,12 @@ class Finished(NamedTuple):
   success: jax.Array  # f32 [T, N]
 
 
-class DeviceEpisodeTracker(EpisodeTracker):
-  """An EpisodeTracker fed whole finished episodes measured on the device."""
-
-  def add_episodes(self, finished: Finished) -> None:
-    done = np.asarray(finished.done)
-    if not done.any():
-      return
-    rows = zip(np.asarray(finished.ret)[done].tolist(), np.asarray(finished.length)[done].tolist(),
-               np.asarray(finished.success)[done].tolist())
-    with self._lock:
-      self.recent.extend(rows)
-      self.episodes += int(done.sum())
+def add_finished_episodes(tracker: EpisodeTracker, finished: Finished) -> None:
+  """Hands the episodes that ended during a collect (measured on the device) to the tracker."""
+  done = np.asarray(finished.done)
+  if done.any():
+    tracker.add_finished(np.asarray(finished.ret)[done], np.asarray(finished.length)[done],
+                         np.asarray(finished.success)[done])
 
 
 def make_collect(sim: DeviceSim, policy: Policy, horizon: int, gamma: float, reward_scale: float):
@@ -141,7 +135,7 @@ class DeviceScheduler:
         else:
           state, finished = collect(state, key)
         finished, nan_resets = jax.device_get((finished, state.nan_resets))
-      t.tracker.add_episodes(finished)
+      add_finished_episodes(t.tracker, finished)
       sim.nan_resets = int(nan_resets)
       t.add_env_steps(sim.num_envs * horizon)
       metrics = {}

@@ -51,7 +51,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from ebrl.scheduler.device import Finished, make_collect
+from ebrl.scheduler.device import Finished, add_finished_episodes, make_collect
 from ebrl.scheduler.stage_threads import StageThreads
 from ebrl.trajectory_queue import TrajectoryQueue
 from ebrl.types import SegmentBatch
@@ -109,7 +109,7 @@ class DeviceAsyncScheduler:
     self._replicated = NamedSharding(self.sim.mesh, P()) if self.sim.mesh is not None else None
     self._lock = threading.Lock()  # Guards the published params, the key counter and env_steps.
     self._room = threading.Condition()  # Guards starts and tickets; notified when the learner publishes.
-    self._tickets = 0  # Batches granted so far (relative to this run's first version).
+    self._tickets = 0  # Batches granted so far in this run (they reach the learner in this order).
     self._order = threading.Lock()  # Guards the batches waiting for an earlier ticket.
     self._pending: dict[int, SegmentBatch] = {}
     self._next = 0  # The ticket the learner gets next.
@@ -123,7 +123,8 @@ class DeviceAsyncScheduler:
 
   def run(self, total_env_steps: int) -> None:
     self._total = total_env_steps
-    self._first_version = int(self.t.state.version)  # Resumed runs count capacity from here.
+    # A resumed run counts the segments of its earlier updates as started (see TrajectoryQueue).
+    self.queue.resume_at(int(self.t.state.version))
     self._publish(self.t.state)
     stages = [(f"group{g}", self._group_loop, (g,)) for g in range(self.num_groups)]
     stages.append(("learner", self._learner_loop, ()))
@@ -199,7 +200,7 @@ class DeviceAsyncScheduler:
         self._next += 1
 
   def _account(self, g: int, finished: Finished, nan_resets: int) -> None:
-    self.t.tracker.add_episodes(finished)
+    add_finished_episodes(self.t.tracker, finished)
     with self._lock:
       self._nan_resets[g] = nan_resets
       self.sim.nan_resets = sum(self._nan_resets)
@@ -219,6 +220,6 @@ class DeviceAsyncScheduler:
         jax.block_until_ready(t.state)
       self._publish(t.state)
       with self._room:
-        self.queue.set_version(int(t.state.version) - self._first_version)
+        self.queue.set_version(int(t.state.version))
         self._room.notify_all()
       t.after_update(metrics)

@@ -39,11 +39,20 @@ class EpisodeTracker:
     done = b.done
     if done.any():
       fin = ids[done]
-      self.recent.extend(zip(self._ret[fin].tolist(), self._len[fin].tolist(), self._succ[fin].tolist()))
-      self.episodes += len(fin)
+      self._add_finished(self._ret[fin], self._len[fin], self._succ[fin])
       self._ret[fin] = 0.0
       self._len[fin] = 0
       self._succ[fin] = 0.0
+
+  def add_finished(self, returns: np.ndarray, lengths: np.ndarray, successes: np.ndarray) -> None:
+    """Whole finished episodes measured elsewhere (device simulators keep their own counts)."""
+    with self._lock:
+      self._add_finished(returns, lengths, successes)
+
+  def _add_finished(self, returns: np.ndarray, lengths: np.ndarray, successes: np.ndarray) -> None:
+    self.recent.extend(zip(np.asarray(returns).tolist(), np.asarray(lengths).tolist(),
+                           np.asarray(successes).tolist()))
+    self.episodes += len(returns)
 
   def _mean(self, i: int) -> float:
     with self._lock:

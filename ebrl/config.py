@@ -16,6 +16,7 @@ DEVICE_SCHEDULERS = ("sync", "ebrl", "random")
 ALGORITHMS = ("ppo",)
 LR_SCHEDULES = ("constant", "linear")
 CORRECTIONS = ("decoupled_ppo", "vtrace")
+RESOURCE_MODES = ("off", "auto", "naive", "manual")
 
 
 def _positive(name: str, value) -> None:
@@ -120,12 +121,37 @@ def validate(cfg, num_devices: int) -> None:
     if device and per_group % num_devices:
       raise UserError(f"num_envs / ebrl.num_groups = {per_group} envs per group must be divisible by the "
                       f"{num_devices} devices of the sim mesh")
+  _check_resources(cfg, device)
+  if cfg.env.shift_at_s < 0 or cfg.env.shift_sim_us < 0:
+    raise UserError(f"env.shift_at_s={cfg.env.shift_at_s!r} and env.shift_sim_us={cfg.env.shift_sim_us!r} "
+                    "must be >= 0")
   if any(h <= 0 for h in cfg.policy.hidden):
     raise UserError(f"policy.hidden={tuple(cfg.policy.hidden)} must be positive layer sizes")
   try:
     check_env_name(cfg.env.name)
   except UnknownEnvError as e:
     raise UserError(str(e)) from None
+
+
+def _check_resources(cfg, device: bool) -> None:
+  if cfg.resources not in RESOURCE_MODES:
+    raise UserError(f"unknown resources '{cfg.resources}'; valid: {', '.join(RESOURCE_MODES)}")
+  if cfg.resources != "off" and (cfg.scheduler != "ebrl" or device):
+    raise UserError(f"resources={cfg.resources} places the stages of scheduler=ebrl on host envs; "
+                    f"scheduler={cfg.scheduler} on '{cfg.env.name}' keeps its fixed layout (use resources=off)")
+  q = cfg.quotas
+  if q.control_interval_s < 0:
+    raise UserError(f"quotas.control_interval_s={q.control_interval_s!r} must be >= 0 (0 = no runtime feedback)")
+  if not isinstance(q.sim_threads, int) or q.sim_threads < 0:
+    raise UserError(f"quotas.sim_threads={q.sim_threads!r} must be an integer >= 0 (0 = one per sim core)")
+  if q.profile and not os.path.isfile(q.profile):
+    raise UserError(f"quotas.profile='{q.profile}' is not a file; make one with python -m launch.profile --out=...")
+  if cfg.resources == "manual":
+    from ebrl.resources.manager import manual_layout
+    try:
+      manual_layout(cfg, tuple(sorted(os.sched_getaffinity(0))))
+    except ValueError as e:
+      raise UserError(str(e)) from None
 
 
 def check_workdir(path: str) -> None:

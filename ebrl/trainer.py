@@ -9,6 +9,7 @@ anything is compiled (see ebrl/config.py).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -59,10 +60,18 @@ class Trainer:
     config_lib.validate(cfg, jax.local_device_count())
     config_lib.check_workdir(self.workdir)
     num_groups = config_lib.num_groups(cfg)
-    self.num_groups = num_groups
     self.recv_batch = None
+    self.resources = None  # The ebrl scheduler's ResourceManager (host envs).
     if cfg.scheduler == "ebrl":
       self.recv_batch = config_lib.default_recv_batch(cfg, cfg.num_envs // num_groups)
+      if cfg.resources != "off":
+        from ebrl.resources.manager import ResourceManager
+        try:
+          self.resources = ResourceManager(cfg, log=tqdm.tqdm.write if progress else (lambda m: None))
+        except ValueError as e:
+          raise UserError(str(e)) from None
+        num_groups, self.recv_batch = self.resources.plan.num_groups, self.resources.plan.recv_batch
+    self.num_groups = num_groups
     self.device_sim = None
     if is_device_env(cfg.env.name):
       self._build_device_sim(cfg, num_groups)
@@ -107,13 +116,22 @@ class Trainer:
 
   def _build_host_groups(self, cfg, num_groups: int) -> None:
     """EnvPool env groups (host simulators) for the sync / pipelined / ebrl schedulers."""
+    threads, placement = cfg.env.num_threads, {}
+    adopt = contextlib.nullcontext()
+    if self.resources is not None:  # The plan sizes EnvPool; its workers are pinned to the sim quota.
+      plan = self.resources.plan
+      threads = plan.sim_threads * (num_groups if num_groups > 1 else 1)
+      placement = {"thread_affinity_offset": plan.thread_affinity_offset}
+      adopt = self.resources.adopt("sim")
     try:
-      self.groups = make_env_groups(
-          cfg.env.name, cfg.num_envs, num_groups, recv_batch=self.recv_batch, num_threads=cfg.env.num_threads,
-          seed=cfg.seed, max_episode_steps=cfg.env.max_episode_steps, from_pixels=cfg.env.from_pixels,
-          render_size=cfg.env.render_size, straggler_fraction=cfg.env.straggler_fraction,
-          straggler_slowdown=cfg.env.straggler_slowdown,
-          straggler_step_s=cfg.env.straggler_step_ms / 1000.0 or None)
+      with adopt:
+        self.groups = make_env_groups(
+            cfg.env.name, cfg.num_envs, num_groups, recv_batch=self.recv_batch, num_threads=threads,
+            seed=cfg.seed, max_episode_steps=cfg.env.max_episode_steps, from_pixels=cfg.env.from_pixels,
+            render_size=cfg.env.render_size, straggler_fraction=cfg.env.straggler_fraction,
+            straggler_slowdown=cfg.env.straggler_slowdown,
+            straggler_step_s=cfg.env.straggler_step_ms / 1000.0 or None,
+            shift_at_s=cfg.env.shift_at_s, shift_sim_us=cfg.env.shift_sim_us, **placement)
     except (UnsupportedEnvError, ValueError) as e:
       raise UserError(str(e)) from None
     # One group is the plain single-adapter case the sync and random schedulers drive.
@@ -129,7 +147,7 @@ class Trainer:
     from sim_adapters.mjx.device_sim import make_sim_mesh
 
     unsupported = {"env.from_pixels": cfg.env.from_pixels, "env.straggler_fraction": cfg.env.straggler_fraction,
-                   "env.straggler_step_ms": cfg.env.straggler_step_ms}
+                   "env.straggler_step_ms": cfg.env.straggler_step_ms, "env.shift_sim_us": cfg.env.shift_sim_us}
     for key, value in unsupported.items():
       if value:
         raise UserError(f"{key}={value!r} is not supported for device env '{cfg.env.name}' (host envs only)")
@@ -140,6 +158,19 @@ class Trainer:
       raise UserError(str(e)) from None
     self.groups = None
     self.adapter = self.device_sim
+
+  def _controller_plot(self, rows: list[dict], title: str) -> None:
+    """plots/controller.png: throughput against the plan's prediction, shifts and re-plans marked."""
+    from ebrl.telemetry.shift_plot import demand_shift
+
+    events = list(self.resources.events)
+    for adapter in self.groups:
+      shifted = getattr(adapter, "shifted_at", None)
+      if shifted is not None:
+        events.append({"t": self.prior_wall_s + shifted - self.launch_time,
+                       "label": f"sim +{self.cfg.env.shift_sim_us:.0f} us/step"})
+        break
+    demand_shift(rows, events, os.path.join(self.workdir, "plots", "controller.png"), title)
 
   # -- resume / checkpoint --------------------------------------------------
 
@@ -185,6 +216,8 @@ class Trainer:
         self.time_to_success_s = self.wall_s()
         self.env_steps_to_success = self.env_steps
     self._last_metrics = metrics
+    if self.resources is not None:
+      self.resources.observe(self)
     for hook in self.update_hooks:
       hook(self)
     if now - self._last_log[0] >= self.cfg.log_every_s:
@@ -225,6 +258,7 @@ class Trainer:
         "time_other_s": max(0.0, elapsed - sum(stages.values())),
         "nan_resets": self.adapter.nan_resets,
         **metrics,
+        **(self.resources.metrics() if self.resources is not None else {}),
     }
     self.writer.write(row)
     self._last_log = (now, self.env_steps)
@@ -264,6 +298,8 @@ class Trainer:
     title = f"{self.cfg.env.name} · {self.cfg.policy.name} · {self.cfg.scheduler}"
     rows = read_jsonl(os.path.join(self.workdir, "metrics.jsonl"))
     plots.learning_curve(rows, os.path.join(self.workdir, "plots", "learning_curve.png"), title)
+    if self.resources is not None and self.resources.controller is not None:
+      self._controller_plot(rows, title)
     self.tracer.write_chrome(os.path.join(self.workdir, "trace.json"))
     plots.timeline(self.tracer.spans(), os.path.join(self.workdir, "plots", "timeline.png"), title)
     return summary

@@ -41,12 +41,16 @@ _NUM_ENVS = flags.DEFINE_integer("num_envs", None, "Envs (default: the config's)
 _OUT = flags.DEFINE_string("out", "bench.json", "Where to write the JSON results.")
 _STRAGGLER_FRACTION = flags.DEFINE_float("straggler_fraction", 0.0, "Fraction of envs made slow.")
 _STRAGGLER_SLOWDOWN = flags.DEFINE_float("straggler_slowdown", 1.0, "How many times longer a slow env's step takes.")
+_RESOURCES = flags.DEFINE_list(
+    "resources", [], "Resource modes to run the ebrl scheduler under, each as its own entry "
+    "'ebrl+<mode>' (e.g. naive,auto); empty = the config's resources only.")
 _TIMELINE = flags.DEFINE_string("timeline", None, "PNG with every scheduler's stage timeline (default: beside --out).")
 _CONFIG = common.define_config(help_text="Base run config; --config.<key>=<value> overrides apply to every scheduler.")
 
 # Ratios worth reporting, as (numerator, denominator), when both ran.
 _RATIO_PAIRS = (("sync", "random"), ("ebrl", "sync"), ("ebrl", "pipelined"), ("ebrl", "random"),
-                ("pipelined", "sync"))
+                ("pipelined", "sync"), ("ebrl+auto", "ebrl+naive"), ("ebrl+auto", "sync"),
+                ("ebrl+auto", "random"))
 
 
 def machine_info() -> dict:
@@ -97,18 +101,26 @@ def _mark(trainer) -> tuple:
   return (time.perf_counter(), trainer.env_steps, trainer.clock.snapshot(), cpu.user + cpu.system)
 
 
+def _entry_config(entry: str, base_cfg):
+  """'ebrl+naive' -> the ebrl scheduler under resources=naive; a plain name -> that scheduler."""
+  cfg = base_cfg.copy_and_resolve_references()
+  cfg.scheduler, _, mode = entry.partition("+")
+  if mode:
+    cfg.resources = mode
+  return cfg
+
+
 def run_one(name: str, base_cfg, workdir: str) -> dict:
   from ebrl.scheduler import make_scheduler  # pylint: disable=g-import-not-at-top
   from ebrl.trainer import Trainer
 
-  cfg = base_cfg.copy_and_resolve_references()
-  cfg.scheduler = name
+  cfg = _entry_config(name, base_cfg)
   cfg.total_env_steps = 10**12  # The window's deadline ends the run.
   cfg.checkpoint_every_s = 1e9
   trainer = Trainer(cfg, workdir, progress=False)
   window = _Window(_WARMUP.value, _SECONDS.value)
   trainer.update_hooks.append(window)
-  scheduler = make_scheduler(name, trainer)
+  scheduler = make_scheduler(cfg.scheduler, trainer)
   scheduler.run(cfg.total_env_steps)
   end = _mark(trainer)
   if window.start is None:
@@ -116,6 +128,12 @@ def run_one(name: str, base_cfg, workdir: str) -> dict:
   result = window.result(trainer, end)
   if getattr(scheduler, "overlaps_training", False):
     result["rollout_env_steps_per_s"] = result["e2e_env_steps_per_s"]
+  if trainer.resources is not None:
+    plan = trainer.resources.plan
+    result["resources"] = {"mode": plan.mode, "plan": plan.to_dict(),
+                           "predicted_env_steps_per_s": plan.predicted_env_steps_per_s,
+                           "replans": trainer.resources.controller.replans if trainer.resources.controller else 0,
+                           "bound": trainer.resources.bound}
   trainer.finish()
   result["_spans"] = trainer.tracer.spans()
   return result
@@ -137,17 +155,22 @@ def main(argv: list[str]) -> None:
   for name in _SCHEDULERS.value:
     if name not in config_lib.SCHEDULERS:
       raise UserError(f"unknown scheduler '{name}'; valid: {', '.join(config_lib.SCHEDULERS)}")
+  for mode in _RESOURCES.value:
+    if mode not in config_lib.RESOURCE_MODES:
+      raise UserError(f"unknown --resources mode '{mode}'; valid: {', '.join(config_lib.RESOURCE_MODES)}")
+  if _RESOURCES.value and "ebrl" not in _SCHEDULERS.value:
+    raise UserError("--resources runs the ebrl scheduler under each mode; add ebrl to --schedulers")
+  entries = [e for name in _SCHEDULERS.value
+             for e in ([f"ebrl+{m}" for m in _RESOURCES.value] if name == "ebrl" and _RESOURCES.value else [name])]
   if _SECONDS.value <= 0:
     raise UserError(f"--seconds={_SECONDS.value} must be positive")
   import jax  # pylint: disable=g-import-not-at-top
-  for name in _SCHEDULERS.value:  # Every scheduler's config, before anything runs.
-    cfg = base.copy_and_resolve_references()
-    cfg.scheduler = name
-    config_lib.validate(cfg, jax.local_device_count())
+  for name in entries:  # Every scheduler's config, before anything runs.
+    config_lib.validate(_entry_config(name, base), jax.local_device_count())
 
   results = {}
   with tempfile.TemporaryDirectory(prefix="ebrl-bench-") as tmp:
-    for name in _SCHEDULERS.value:
+    for name in entries:
       print(f"[bench] {name}: warm-up, then {_SECONDS.value:.0f} s timed", flush=True)
       results[name] = run_one(name, base, os.path.join(tmp, name))
   spans = {name: r.pop("_spans") for name, r in results.items()}
@@ -156,9 +179,14 @@ def main(argv: list[str]) -> None:
   plots.timelines(spans, timeline_path)
   ratios = {f"{a}_over_{b}": results[a]["e2e_env_steps_per_s"] / results[b]["e2e_env_steps_per_s"]
             for a, b in _RATIO_PAIRS if a in results and b in results}
+  bound = next((r["resources"]["bound"] for r in results.values() if r.get("resources", {}).get("bound")), None)
+  out_bound = None
+  if bound:
+    out_bound = {"env_steps_per_s": bound["env_steps_per_s"], "cpu_us_per_step": bound["cpu_us_per_step"],
+                 "fraction": {n: r["e2e_env_steps_per_s"] / bound["env_steps_per_s"] for n, r in results.items()}}
   out = {"env": _ENV.value, "policy": _POLICY.value, "num_envs": base.num_envs, "seconds": _SECONDS.value,
          "stragglers": {"fraction": _STRAGGLER_FRACTION.value, "slowdown": _STRAGGLER_SLOWDOWN.value},
-         "machine": machine_info(), "results": results, "ratios": ratios}
+         "machine": machine_info(), "results": results, "ratios": ratios, "bound": out_bound}
   with open(_OUT.value, "w") as f:
     json.dump(out, f, indent=2)
   print(f"\n{'scheduler':<12}{'e2e steps/s':>14}{'rollout steps/s':>18}{'sim':>7}{'gen':>7}{'train':>7}"
@@ -168,6 +196,14 @@ def main(argv: list[str]) -> None:
     print(f"{name:<12}{r['e2e_env_steps_per_s']:>14,.0f}{r['rollout_env_steps_per_s']:>18,.0f}"
           f"{b['sim']:>7.2f}{b['gen']:>7.2f}{b['train']:>7.2f}{r['cpu_cores_used']:>7.2f}"
           f"{r['cpu_us_per_env_step']:>9.1f}{r['work_conserving_env_steps_per_s']:>12,.0f}")
+  for name, r in results.items():
+    if r.get("resources"):
+      pred = r["resources"]["predicted_env_steps_per_s"]
+      print(f"{name}: predicted {pred:,.0f} env steps/s, measured/predicted "
+            f"{r['e2e_env_steps_per_s'] / pred:.3f}, re-plans {r['resources']['replans']}")
+  if out_bound:
+    print(f"work-conserving bound {out_bound['env_steps_per_s']:,.0f} env steps/s; fraction reached: "
+          + ", ".join(f"{n} {f:.3f}" for n, f in out_bound["fraction"].items()))
   for k, v in ratios.items():
     print(f"{k} = {v:.3f}")
   print(f"written {_OUT.value} and {timeline_path}")

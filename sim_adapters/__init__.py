@@ -53,7 +53,7 @@ def make_adapter(name: str, num_envs: int, *, batch_size: int | None = None, num
                  thread_affinity_offset: int = -1, seed: int = 0, max_episode_steps: int = 0,
                  from_pixels: bool = False, render_size: int = 64,
                  straggler_fraction: float = 0.0, straggler_slowdown: float = 1.0,
-                 straggler_step_s: float | None = None):
+                 straggler_step_s: float | None = None, shift_at_s: float = 0.0, shift_sim_us: float = 0.0):
   """Builds the adapter for `name` (checked first, so errors come before any work).
 
   No env is reset here: the first reset happens when a scheduler starts, so a
@@ -83,6 +83,9 @@ def make_adapter(name: str, num_envs: int, *, batch_size: int | None = None, num
     from sim_adapters.straggler import StragglerAdapter
     adapter = StragglerAdapter(adapter, straggler_fraction, straggler_slowdown, seed=seed,
                                per_env_step_s=straggler_step_s)
+  if shift_sim_us:
+    from sim_adapters.demand_shift import DemandShiftAdapter
+    adapter = DemandShiftAdapter(adapter, shift_at_s, shift_sim_us)
   return adapter
 
 

@@ -31,6 +31,13 @@ CASES = {
     "unwritable_workdir": (["--workdir=/proc/ebrl-run"], "/proc/ebrl-run"),
     "missing_config_file": (["--config=launch/configs/nope.py"], "nope.py"),
     "positional_argument": (["train-now"], "unexpected arguments"),
+    "unknown_resources": (["--config.scheduler=ebrl", "--config.resources=greedy"], "valid: off, auto, naive, manual"),
+    "resources_for_sync": (["--config.resources=naive"], "scheduler=sync"),
+    "manual_without_cores": (["--config.scheduler=ebrl", "--config.resources=manual"], "quotas.sim_cores"),
+    "manual_cores_not_usable": (["--config.scheduler=ebrl", "--config.resources=manual", "--config.quotas.sim_cores=0-999",
+                                 "--config.quotas.gen_cores=0", "--config.quotas.train_cores=0"],
+                                "quotas.sim_cores='0-999' names cores"),
+    "missing_profile": (["--config.scheduler=ebrl", "--config.quotas.profile=nope.json"], "quotas.profile='nope.json'"),
 }
 
 

@@ -71,6 +71,10 @@ class AsyncScheduler:
     # Default: every group's ready batch at once, so a full batch never waits out max_wait.
     self.max_gen_batch = cfg.max_gen_batch or t.recv_batch * len(self.groups)
     self.max_wait_s = cfg.max_wait_ms / 1000.0
+    self.resources = t.resources  # Pins each stage's thread to its quota; re-plans reach us below.
+    if self.resources is not None:
+      self._apply_plan(self.resources.plan)
+      self.resources.listeners.append(self._apply_plan)
     self.queue = TrajectoryQueue(cfg.segments_per_update or t.cfg.num_envs, cfg.max_staleness)
     self.assembler = TrajectoryAssembler(t.spec, t.cfg.num_envs, t.cfg.rollout_length, self.queue.put)
     self._ready: queue.Queue = queue.Queue()
@@ -82,6 +86,15 @@ class AsyncScheduler:
     # Set by a group that cannot recv (too few envs in flight for a whole batch) and
     # got no parked actions for a while: its parked envs are then served at once.
     self._starved = [threading.Event() for _ in range(len(self.groups))]
+
+  def _apply_plan(self, plan) -> None:
+    """A plan's generation batch (read by the sampler loop on its next batch)."""
+    self.max_gen_batch = self.t.cfg.ebrl.max_gen_batch or plan.max_gen_batch
+    self.max_wait_s = plan.max_wait_ms / 1000.0
+
+  def _pin(self, stage: str) -> None:
+    if self.resources is not None:
+      self.resources.pin_stage(stage)
 
   # -- lifecycle --------------------------------------------------------------
 
@@ -106,7 +119,12 @@ class AsyncScheduler:
 
   def _group_loop(self, g: int) -> None:
     adapter, clock, lane = self.groups[g], self.t.clock, f"group{g}"
-    adapter.reset()
+    self._pin("sim")
+    if self.resources is not None:
+      with self.resources.adopt("sim"):  # Threads the adapter starts on reset (MT10's receivers).
+        adapter.reset()
+    else:
+      adapter.reset()
     while not self._stopping():
       # Envs parked by the staleness bound may leave too few in flight for a recv to
       # return (async EnvPool waits for a whole batch): then wait for their actions.
@@ -171,6 +189,7 @@ class AsyncScheduler:
 
   def _sampler_loop(self) -> None:
     t = self.t
+    self._pin("gen")
     offsets = self.groups.offsets
     while not self._stopping():
       self._serve_parked()
@@ -252,6 +271,9 @@ class AsyncScheduler:
 
   def _learner_loop(self) -> None:
     t = self.t
+    self._pin("train")
+    if self.resources is not None:
+      self.resources.enforcer.pin_xla()
     while not self._stopping():
       segments = self.queue.get_batch(timeout=_POLL_S)
       if segments is None:

@@ -20,6 +20,10 @@ def get_config() -> ml_collections.ConfigDict:
       straggler_fraction=0.0,
       straggler_slowdown=1.0,
       straggler_step_ms=0.0,
+      # Injected demand shift (benchmarks): from shift_at_s seconds into the run, every env
+      # step costs shift_sim_us more CPU in the simulator stage (0 = never).
+      shift_at_s=0.0,
+      shift_sim_us=0.0,
   ))
   c.num_envs = 32
   c.rollout_length = 32  # T: steps per env between updates.
@@ -60,6 +64,19 @@ def get_config() -> ml_collections.ConfigDict:
   ))
   # scheduler=pipelined: envs in stages that take turns (RLinf's pipeline_stage_num).
   c.pipelined = ml_collections.ConfigDict(dict(num_stages=2))
+  # How the ebrl scheduler's stages get cores and batch sizes (ebrl/resources/):
+  # off = the ebrl.* sizes, every thread on every core; auto = profile, plan and re-plan
+  # on drift; naive = equal split of the cores between sim, gen and train, no feedback;
+  # manual = the quotas below. Other schedulers keep their fixed layout.
+  c.resources = "off"
+  c.quotas = ml_collections.ConfigDict(dict(
+      profile="",  # profile.json to plan from (launch.profile); "" = measured at start, cached.
+      control_interval_s=5.0,  # resources=auto: controller window; 0 = no runtime feedback.
+      sim_cores="",  # resources=manual: core lists like "0-3".
+      gen_cores="",
+      train_cores="",
+      sim_threads=0,  # resources=manual: EnvPool threads per pool; 0 = one per sim core.
+  ))
   c.resume = False
   c.log_every_s = 2.0
   c.checkpoint_every_s = 30.0

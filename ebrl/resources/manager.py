@@ -1,0 +1,158 @@
+"""The resource manager of a run: plan before the simulators exist, enforce, re-plan on drift.
+
+  resources=off     no manager: the ebrl.* sizes, every thread on every core (default);
+  resources=auto    profile (cached per machine and shapes), plan the best
+                    layout and batch sizes, pin every stage, and let the
+                    controller re-plan when measured stage costs drift;
+  resources=naive   equal split of the cores between sim, gen and train, the
+                    config's own batch sizes, no feedback (the baseline a
+                    static allocator gives);
+  resources=manual  the user's quotas.* core sets and threads, no feedback.
+
+Only the ebrl scheduler has stages on threads of their own to place; the other
+schedulers keep their fixed layout.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Callable
+
+from ebrl import config as config_lib
+from ebrl.resources import planner, profiler
+from ebrl.resources.controller import Controller, Decision, Telemetry
+from ebrl.resources.enforce import Enforcer, format_cores, parse_cores
+from ebrl.resources.inventory import Inventory, take_inventory
+from ebrl.resources.plan import Plan
+
+
+def manual_layout(cfg, usable: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+  """quotas.{sim,gen,train}_cores parsed; ValueError naming the bad one."""
+  layout = {}
+  for stage in ("sim", "gen", "train"):
+    text = cfg.quotas[f"{stage}_cores"]
+    if not text:
+      raise ValueError(f"resources=manual needs quotas.{stage}_cores (a core list like '0-3'); "
+                       f"usable cores: {format_cores(usable)}")
+    try:
+      layout[stage] = parse_cores(text, usable)
+    except ValueError as e:
+      raise ValueError(f"quotas.{stage}_cores={e}") from None
+  return layout
+
+
+def gpu_note(inv: Inventory) -> str:
+  if not inv.gpus:
+    return "no GPU: CPU core pools only (no SM split to plan)"
+  if inv.jax_platform != "gpu":
+    return f"{len(inv.gpus)} GPU(s) but JAX runs on {inv.jax_platform}: CPU core pools only"
+  how = "MPS SM shares" if inv.mps.can_start else f"whole devices ({inv.mps.reason or 'MPS unavailable'})"
+  return (f"{len(inv.gpus)} GPU(s): gen and train share them by {how}; stages run as threads of one process, "
+          "so SM shares apply to stage processes (launch/mps_bench.py)")
+
+
+class ResourceManager:
+
+  def __init__(self, cfg, log: Callable[[str], None] = print, inventory: Inventory | None = None):
+    self.cfg = cfg
+    self.log = log
+    self.inventory = inventory or take_inventory()
+    cores = self.inventory.cpu_cores
+    self.shape = planner.RunShape.from_config(cfg)
+    groups = config_lib.num_groups(cfg)
+    recv = config_lib.default_recv_batch(cfg, cfg.num_envs // groups)
+    notes = (gpu_note(self.inventory),)
+    self.profile: profiler.Profile | None = None
+    if cfg.quotas.profile:
+      self.profile = profiler.load(cfg.quotas.profile)
+    elif cfg.resources == "auto":
+      self.profile = profiler.load_or_measure(cfg, self.inventory, log=log)
+    if cfg.resources == "auto":
+      plan = planner.plan_auto(self.profile, cores, self.shape, notes)
+    elif cfg.resources == "naive":
+      plan = planner.plan_naive(self.shape, cores, groups, recv, self.profile)
+    else:
+      plan = planner.plan_manual(self.shape, manual_layout(cfg, cores), groups, recv, cfg.quotas.sim_threads,
+                                 self.profile)
+    self.plan = plan.replace(notes=notes)
+    self.bound = (planner.work_conserving_bound(self.profile, cores, self.shape)
+                  if self.profile is not None else None)
+    self.enforcer = Enforcer(self.plan)
+    self.listeners: list[Callable[[Plan], None]] = []  # Told about every new plan (the scheduler).
+    self.controller = None
+    if cfg.resources == "auto" and cfg.quotas.control_interval_s > 0:
+      self.controller = Controller(self.plan, self._replan, interval_s=cfg.quotas.control_interval_s,
+                                   cooldown_s=3 * cfg.quotas.control_interval_s, reference="measured")
+    self._t0 = time.time()
+    self.events: list[dict] = []  # {"t": run wall_s, "label"} for the controller plot.
+    for line in self.describe():
+      log(line)
+
+  # -- what it says --------------------------------------------------------------
+
+  def describe(self) -> list[str]:
+    p = self.plan
+    quotas = ", ".join(f"{s} {format_cores(c)}" for s, c in p.cpu_sets.items() if s != "assemble")
+    lines = [f"[resources] {p.mode}: {quotas}; {p.num_groups} group(s), recv {p.recv_batch}, "
+             f"gen batch {p.max_gen_batch}, {p.sim_threads} EnvPool thread(s)/pool"]
+    if math.isfinite(p.predicted_env_steps_per_s):
+      lines.append(f"[resources] predicted {p.predicted_env_steps_per_s:,.0f} env steps/s, "
+                   f"bottleneck {p.bottleneck}")
+    if self.bound:
+      lines.append(f"[resources] work-conserving bound {self.bound['env_steps_per_s']:,.0f} env steps/s")
+    lines += [f"[resources] {n}" for n in p.notes]
+    return lines
+
+  def metrics(self) -> dict:
+    out = {"resources_predicted_env_steps_per_s": self.plan.predicted_env_steps_per_s}
+    if self.controller is not None:
+      out.update(self.controller.metrics())
+    return out
+
+  # -- enforcement ---------------------------------------------------------------
+
+  def pin_stage(self, stage: str) -> None:
+    self.enforcer.pin_stage(stage)
+
+  def adopt(self, stage: str):
+    return self.enforcer.adopt(stage)
+
+  # -- feedback ------------------------------------------------------------------
+
+  def observe(self, trainer) -> Decision | None:
+    """After every update: feeds the controller; applies and announces a re-plan."""
+    if self.controller is None:
+      return None
+    cpu = os.times()
+    busy = trainer.clock.snapshot()
+    tel = Telemetry(t=time.time() - self._t0, env_steps=trainer.env_steps, cpu_s=cpu.user + cpu.system,
+                    busy_s={s: busy[s] for s in ("sim", "gen", "train")},
+                    staleness_mean=trainer.staleness_mean())
+    decision = self.controller.observe(tel)
+    if decision is not None:
+      self.plan = decision.new_plan
+      self.enforcer.apply(self.plan)
+      for listener in self.listeners:
+        listener(self.plan)
+      self.events.append({"t": trainer.wall_s(), "label": "re-plan"})
+      trainer.tracer.instant("replan", {"reason": decision.reason,
+                                        "predicted_env_steps_per_s": self.plan.predicted_env_steps_per_s})
+      self.log(f"[resources] re-plan: {decision.reason}; now predicting "
+               f"{self.plan.predicted_env_steps_per_s:,.0f} env steps/s, bottleneck {self.plan.bottleneck}")
+    return decision
+
+  def _replan(self, measured: dict[str, float]) -> Plan:
+    """Scales each stage's profiled cost by measured / reference, then re-plans what can change
+    while the run goes on (layout, generation batch); groups and recv batch are fixed by the
+    simulators already built."""
+    reference = self.controller.reference or {}
+    for stage, now in measured.items():
+      ref = reference.get(stage, 0.0)
+      if ref > 0 and now > 0:
+        self.profile = self.profile.scaled(stage, now / ref)
+    plan = planner.plan_auto(self.profile, self.inventory.cpu_cores, self.shape, self.plan.notes,
+                             fixed=(self.plan.num_groups, self.plan.recv_batch))
+    self.bound = planner.work_conserving_bound(self.profile, self.inventory.cpu_cores, self.shape)
+    return plan

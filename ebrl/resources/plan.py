@@ -1,0 +1,67 @@
+"""A resource plan: which cores and batch sizes every stage gets, and what that predicts.
+
+Stages are the three of DESIGN.md plus the host bookkeeping every schedule pays
+per env step (closing transitions, queueing segments), which competes for the
+same cores:
+
+  sim       EnvPool workers and the threads that recv/send for them
+  gen       the sampler: policy inference on ready envs
+  train     the learner's update
+  assemble  per-step bookkeeping on the host (assembler, episode tracker)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+STAGES = ("sim", "gen", "train", "assemble")
+MODES = ("auto", "naive", "manual")
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuSplit:
+  """How stages share GPUs: an MPS SM percentage and a memory fraction per stage process,
+  or whole devices per stage where MPS is unavailable."""
+  mps: bool
+  sm_percent: dict[str, int]  # Stage -> CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (mps only).
+  mem_fraction: dict[str, float]  # Stage -> XLA_PYTHON_CLIENT_MEM_FRACTION.
+  devices: dict[str, tuple[int, ...]]  # Stage -> GPU indices it runs on.
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  mode: str
+  cpu_sets: dict[str, tuple[int, ...]]  # Stage -> cores its threads may run on.
+  sim_threads: int  # EnvPool worker threads per pool.
+  thread_affinity_offset: int  # EnvPool's first pinned core; -1 = not pinned.
+  num_groups: int
+  recv_batch: int  # Envs a group's recv returns (ebrl).
+  max_gen_batch: int  # Rows the sampler merges into one generation call.
+  max_wait_ms: float
+  num_minibatches: int
+  stage_cost_us: dict[str, float]  # CPU µs per env step of each stage under this plan.
+  predicted_rates: dict[str, float]  # Env steps/s each stage sustains with its quota.
+  predicted_env_steps_per_s: float  # The bottleneck stage's rate.
+  bottleneck: str
+  gpu: GpuSplit | None = None
+  notes: tuple[str, ...] = ()
+
+  def to_dict(self) -> dict[str, Any]:
+    d = dataclasses.asdict(self)
+    d["cpu_sets"] = {k: list(v) for k, v in self.cpu_sets.items()}
+    return d
+
+  @classmethod
+  def from_dict(cls, d: dict[str, Any]) -> "Plan":
+    d = dict(d)
+    d["cpu_sets"] = {k: tuple(v) for k, v in d["cpu_sets"].items()}
+    d["notes"] = tuple(d.get("notes", ()))
+    if d.get("gpu"):
+      g = dict(d["gpu"])
+      g["devices"] = {k: tuple(v) for k, v in g["devices"].items()}
+      d["gpu"] = GpuSplit(**g)
+    return cls(**d)
+
+  def replace(self, **changes) -> "Plan":
+    return dataclasses.replace(self, **changes)

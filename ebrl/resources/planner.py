@@ -1,0 +1,239 @@
+"""From stage profiles to a plan: core sets, threads, batch sizes, and the rate they predict.
+
+The model. Every stage costs CPU per env step (profiles say how much at a given
+batch). A stage spreads its work evenly over the cores of its quota, so core j
+carries `load_j = sum over stages s on j of cost_s / |cores_s|` µs per step, and
+no schedule can go faster than its most loaded core: `1e6 / max_j load_j`.
+Each stage is also capped by its own parallelism (the simulator by its worker
+threads, the sampler and the learner by what one call reaches back to back).
+The prediction is the smaller of the two; the stage that sets it is the
+bottleneck.
+
+The planner enumerates the choices that move those numbers - env groups, the
+recv batch (bigger amortises per-call costs, smaller keeps more envs in
+flight), the generation batch, and core layouts (one shared pool, or sim on a
+dedicated block with generation and training beside it) - and keeps the best
+prediction. The *work-conserving bound* is what any schedule could reach with
+these stage costs on these cores: every core busy all the time at the cheapest
+batching (one generation call for all envs), i.e. cores / total cost per step.
+
+On GPUs the same model holds per device: gen and train get an MPS SM share of
+one GPU (or whole GPUs when there are several, or when MPS cannot start), with
+rates scaled by share, and memory fractions that sum below one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Iterable
+
+from ebrl.resources.plan import STAGES, GpuSplit, Plan
+from ebrl.resources.profiler import Profile
+
+
+@dataclasses.dataclass(frozen=True)
+class RunShape:
+  """What the run fixes (the planner may not change it): envs and the learner's batch."""
+  num_envs: int
+  multitask: bool  # MetaWorld/MT10: ten pools that already return independently.
+  rollout_length: int
+  segments_per_update: int
+  num_minibatches: int
+  max_wait_ms: float = 1.0
+
+  @classmethod
+  def from_config(cls, cfg) -> "RunShape":
+    return cls(num_envs=cfg.num_envs, multitask=cfg.env.name == "MetaWorld/MT10",
+               rollout_length=cfg.rollout_length, segments_per_update=cfg.ebrl.segments_per_update or cfg.num_envs,
+               num_minibatches=cfg.algorithm.num_minibatches, max_wait_ms=cfg.ebrl.max_wait_ms)
+
+
+def stage_costs(profile: Profile, groups: int, recv_batch: int) -> dict[str, float]:
+  """CPU µs per env step of every stage when groups deliver recv_batch rows per recv and the
+  sampler merges one recv of each group per generation call."""
+  gen_batch = recv_batch * groups
+  return {"sim": profile.sim_cpu_us(recv_batch),
+          "gen": profile.gen_cpu_us(gen_batch) / gen_batch,
+          "train": profile.train_cpu_us_per_step(),
+          "assemble": profile.assemble_cpu_us(gen_batch) / gen_batch + profile.overhead_us_per_step}
+
+
+def stage_caps(profile: Profile, cpu_sets: dict[str, tuple[int, ...]], sim_threads: int, pools: int,
+               gen_batch: int) -> dict[str, float]:
+  """Each stage's rate limit from its own parallelism, whatever the other stages do."""
+  workers = min(sim_threads * pools, len(cpu_sets["sim"]))
+  return {"sim": profile.sim_rate(workers),
+          "gen": gen_batch * 1e6 / max(profile.gen_wall_us(gen_batch), 1e-9),
+          "train": profile.train_rate(),
+          "assemble": math.inf}
+
+
+def predict(costs: dict[str, float], cpu_sets: dict[str, tuple[int, ...]],
+            caps: dict[str, float]) -> tuple[dict[str, float], float, str]:
+  """(rate each stage sustains on its quota, e2e rate, bottleneck) under the core-load model."""
+  load: dict[int, float] = {}
+  for s in STAGES:
+    for c in cpu_sets[s]:
+      load[c] = load.get(c, 0.0) + costs[s] / len(cpu_sets[s])
+  rates = {}
+  for s in STAGES:
+    worst = max(load[c] for c in cpu_sets[s])
+    rates[s] = min(caps[s], 1e6 / worst if worst > 0 else math.inf)
+  e2e = min(rates.values())
+  # Ties (stages sharing the most loaded cores) name the one that costs the most there.
+  bottleneck = min(STAGES, key=lambda s: (rates[s], -costs[s]))
+  return rates, e2e, bottleneck
+
+
+def _layouts(cores: tuple[int, ...]) -> Iterable[tuple[str, dict[str, tuple[int, ...]]]]:
+  """Shared pool, then sim on a leading block with the rest shared or split gen | train."""
+  all_ = tuple(cores)
+  yield "shared", {s: all_ for s in STAGES}
+  n = len(cores)
+  for k in range(1, n):
+    sim, rest = all_[:k], all_[k:]
+    yield f"sim{k}", {"sim": sim, "gen": rest, "train": rest, "assemble": rest}
+    for m in range(1, len(rest)):
+      yield f"sim{k}-gen{m}", {"sim": sim, "gen": rest[:m], "assemble": rest[:m], "train": rest[m:]}
+
+
+def _group_choices(shape: RunShape) -> list[int]:
+  if shape.multitask:
+    # MT10's pools return independently already; a second group halves every pool's batch.
+    return [g for g in (1, 2) if shape.num_envs >= 10 * g and shape.num_envs % g == 0][:1]
+  return [g for g in (1, 2, 4) if shape.num_envs % g == 0 and shape.num_envs // g >= 2]
+
+
+def _in_flight_need(shape: RunShape, cores: tuple[int, ...]) -> int:
+  """Envs that must stay in flight while a batch waits for actions: one per core (at most half)."""
+  return 0 if shape.multitask else min(len(cores), shape.num_envs // 2)
+
+
+def _recv_choices(per_group: int, groups: int, need: int) -> list[int]:
+  """A grid of recv batches plus the largest that keeps `need` envs in flight."""
+  largest = per_group - max(1, -(-need // groups))
+  grid = (per_group // 4, per_group // 2, (3 * per_group) // 4, largest)
+  return sorted({b for b in grid if 1 <= b <= largest})
+
+
+def _sim_threads(layout: dict[str, tuple[int, ...]], groups: int, shape: RunShape) -> tuple[int, int]:
+  """(worker threads per EnvPool pool, number of pools) that fill the sim quota."""
+  if shape.multitask:
+    return 1, 10 * groups  # Ten pools per group already cover a small machine's cores.
+  return max(1, len(layout["sim"]) // groups), groups
+
+
+def _make(mode: str, profile: Profile, shape: RunShape, layout: dict, groups: int, recv: int,
+          notes: tuple[str, ...] = (), threads: int = 0) -> Plan:
+  auto_threads, pools = _sim_threads(layout, groups, shape)
+  threads = threads or auto_threads
+  gen_batch = recv * groups
+  costs = stage_costs(profile, groups, recv)
+  caps = stage_caps(profile, layout, threads, pools, gen_batch)
+  rates, e2e, bottleneck = predict(costs, layout, caps)
+  sim = layout["sim"]
+  contiguous = list(sim) == list(range(sim[0], sim[0] + len(sim)))
+  # EnvPool pins worker i to core offset + i: only meaningful for one pool on a dedicated block.
+  offset = sim[0] if (pools == 1 and contiguous and set(sim).isdisjoint(layout["gen"]) and threads == len(sim)) else -1
+  return Plan(mode=mode, cpu_sets={k: tuple(v) for k, v in layout.items()}, sim_threads=threads,
+              thread_affinity_offset=offset, num_groups=groups, recv_batch=recv, max_gen_batch=gen_batch,
+              max_wait_ms=shape.max_wait_ms, num_minibatches=shape.num_minibatches, stage_cost_us=costs,
+              predicted_rates=rates, predicted_env_steps_per_s=e2e, bottleneck=bottleneck, notes=notes)
+
+
+def plan_auto(profile: Profile, cores: tuple[int, ...], shape: RunShape, notes: tuple[str, ...] = (),
+              fixed: tuple[int, int] | None = None) -> Plan:
+  """The plan with the highest predicted rate (ties: fewer groups, bigger batches, shared pool).
+
+  `fixed` = (groups, recv_batch) keeps what a running run cannot change (its simulators exist).
+  """
+  best, best_key = None, None
+  for groups in ([fixed[0]] if fixed else _group_choices(shape)):
+    per_group = shape.num_envs // groups
+    for recv in ([fixed[1]] if fixed else _recv_choices(per_group, groups, _in_flight_need(shape, cores))):
+      for order, (_, layout) in enumerate(_layouts(cores)):
+        plan = _make("auto", profile, shape, layout, groups, recv, notes)
+        key = (round(plan.predicted_env_steps_per_s, 6), -groups, recv, -order)
+        if best_key is None or key > best_key:
+          best, best_key = plan, key
+  if best is None:
+    raise ValueError(f"no feasible plan for {shape.num_envs} envs")
+  return best
+
+
+def naive_layout(cores: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+  """Equal split: sim, gen and train each get a contiguous third of the cores (the last takes the
+  remainder); with fewer cores than stages, the later stages share the last block. Bookkeeping
+  runs on the sampler's thread, so it shares gen's block."""
+  n = len(cores)
+  blocks = min(n, 3)
+  size = n // blocks
+  bounds = [(i * size, (i + 1) * size if i < blocks - 1 else n) for i in range(blocks)]
+  get = lambda i: tuple(cores[bounds[min(i, blocks - 1)][0]:bounds[min(i, blocks - 1)][1]])
+  return {"sim": get(0), "gen": get(1), "assemble": get(1), "train": get(2)}
+
+
+def _unpredicted(mode: str, shape: RunShape, layout: dict, groups: int, recv: int, threads: int) -> Plan:
+  return Plan(mode=mode, cpu_sets=layout, sim_threads=threads, thread_affinity_offset=-1, num_groups=groups,
+              recv_batch=recv, max_gen_batch=recv * groups, max_wait_ms=shape.max_wait_ms,
+              num_minibatches=shape.num_minibatches, stage_cost_us={}, predicted_rates={},
+              predicted_env_steps_per_s=float("nan"), bottleneck="unknown (no profile)")
+
+
+def plan_naive(shape: RunShape, cores: tuple[int, ...], groups: int, recv: int,
+               profile: Profile | None = None) -> Plan:
+  """Equal split, the config's own batch sizes, no runtime feedback."""
+  layout = naive_layout(cores)
+  if profile is not None:
+    return _make("naive", profile, shape, layout, groups, recv)
+  return _unpredicted("naive", shape, layout, groups, recv, _sim_threads(layout, groups, shape)[0])
+
+
+def plan_manual(shape: RunShape, layout: dict[str, tuple[int, ...]], groups: int, recv: int, threads: int,
+                profile: Profile | None = None) -> Plan:
+  """The user's core sets and sizes, with a prediction when a profile is at hand."""
+  layout = {**layout, "assemble": layout["gen"]}
+  threads = threads or _sim_threads(layout, groups, shape)[0]
+  if profile is None:
+    return _unpredicted("manual", shape, layout, groups, recv, threads)
+  return _make("manual", profile, shape, layout, groups, recv, threads=threads)
+
+
+def work_conserving_bound(profile: Profile, cores: tuple[int, ...], shape: RunShape) -> dict[str, float]:
+  """Cores / total CPU per step at the cheapest batching (one recv and one generation call for
+  all envs), capped by the simulator alone on every core: no schedule of these stages beats it."""
+  n = shape.num_envs
+  costs = {"sim": profile.sim_sync_cpu_us(), "gen": profile.gen_cpu_us(n) / n,
+           "train": profile.train_cpu_us_per_step(),
+           "assemble": profile.assemble_cpu_us(n) / n + profile.overhead_us_per_step}
+  total = sum(costs.values())
+  rate = min(len(cores) * 1e6 / total, profile.sim_rate(len(cores)))
+  return {"env_steps_per_s": rate, "cpu_us_per_step": total, **{f"{k}_us": v for k, v in costs.items()}}
+
+
+def plan_gpu_split(gen_share_rate, train_share_rate, mps: bool, num_gpus: int,
+                   mem_need: dict[str, float] | None = None, step: int = 5) -> GpuSplit:
+  """SM shares of one GPU for gen and train under MPS (maximising the slower of the two), or
+  whole GPUs per stage without MPS / with several GPUs.
+
+  `*_share_rate(percent)` give a stage's env steps/s at an SM percentage (from profiles);
+  `mem_need` the fraction of GPU memory each stage needs (split keeps their sum under 0.95).
+  """
+  need = mem_need or {"gen": 0.3, "train": 0.5}
+  if num_gpus >= 2 or not mps:
+    gen_dev = (0,)
+    train_dev = tuple(range(1, num_gpus)) if num_gpus >= 2 else (0,)
+    frac = {"gen": 0.95, "train": 0.95} if num_gpus >= 2 else _mem_split(need)
+    return GpuSplit(mps=False, sm_percent={}, mem_fraction=frac, devices={"gen": gen_dev, "train": train_dev})
+  rates = lambda p: (gen_share_rate(p), train_share_rate(100 - p))
+  # The slower stage first; among ties, the split that leaves the faster one the most.
+  best = max(range(step, 100, step), key=lambda p: (min(rates(p)), sum(rates(p))))
+  return GpuSplit(mps=True, sm_percent={"gen": best, "train": 100 - best}, mem_fraction=_mem_split(need),
+                  devices={"gen": (0,), "train": (0,)})
+
+
+def _mem_split(need: dict[str, float]) -> dict[str, float]:
+  total = sum(need.values())
+  scale = min(1.0, 0.95 / total) if total > 0 else 1.0
+  return {k: round(v * scale, 3) for k, v in need.items()}

@@ -1,0 +1,371 @@
+"""Stage profiles: what each stage costs on this machine, measured in a short calibration.
+
+The planner needs numbers, not guesses: CPU microseconds per env step of the
+simulator at a given recv batch (EnvPool's per-call overhead is amortised over
+the batch), its wall rate against worker threads, the sampler's latency and
+CPU per call against batch size, the learner's time per update against the
+number of samples, and the host bookkeeping per step. Each is timed for a
+fraction of a second after a warm-up, with process CPU time beside wall time,
+so costs stay right when a stage's library spreads work over several threads.
+
+A profile depends on the machine and on the run's shapes, not on the schedule,
+so it is saved as JSON (`profile.json`) and reused while both match
+(`load_or_measure`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from ebrl.resources.inventory import Inventory
+
+_WARMUP_S = 0.2
+
+
+def run_shape(cfg) -> dict[str, Any]:
+  """The config values a profile depends on (anything else may change freely)."""
+  return {"env": cfg.env.name, "num_envs": int(cfg.num_envs), "from_pixels": bool(cfg.env.from_pixels),
+          "render_size": int(cfg.env.render_size), "policy": cfg.policy.name,
+          "hidden": [int(h) for h in cfg.policy.hidden], "rollout_length": int(cfg.rollout_length),
+          "segments_per_update": int(cfg.ebrl.segments_per_update or cfg.num_envs),
+          "epochs": int(cfg.algorithm.epochs), "num_minibatches": int(cfg.algorithm.num_minibatches),
+          "correction": cfg.algorithm.correction}
+
+
+@dataclasses.dataclass
+class Profile:
+  """Measured points per stage, and the interpolations the planner reads them through.
+
+  sim:      {cores, threads, batch, env_steps_per_s, cpu_us_per_step}: the simulator pinned to
+            `cores` cores with `threads` EnvPool workers per pool; batch = the adapter's recv batch
+  gen:      {batch, wall_us, cpu_us} per sampler call (batches are powers of two: the sampler pads)
+  train:    {samples, wall_s, cpu_s} per update
+  assemble: {batch, cpu_us} per batch of rows closed and started
+  render:   {cpu_us_per_step} the pixels add to sim (only when the run renders)
+  """
+  fingerprint: dict[str, Any]
+  shape: dict[str, Any]
+  sim: list[dict[str, float]]
+  gen: list[dict[str, float]]
+  train: list[dict[str, float]]
+  assemble: list[dict[str, float]]
+  render: dict[str, float] | None = None
+  # CPU µs per env step a real run pays beyond the stages timed alone (thread hand-offs,
+  # per-call Python); charged to "assemble" by the planner. Not measured yet: 0.
+  overhead_us_per_step: float = 0.0
+  measured_s: float = 0.0
+
+  # -- what the planner reads --------------------------------------------------
+
+  def sim_cpu_us(self, batch: int) -> float:
+    """CPU µs per env step with recvs of `batch` envs: step cost + per-call cost / batch,
+    fitted to the points on the most cores (the planner runs sim on its whole quota)."""
+    most = max(p["cores"] for p in self.sim)
+    pts = sorted((p["batch"], p["cpu_us_per_step"]) for p in self.sim
+                 if p["cores"] == most and p.get("async", p["batch"] < self.shape["num_envs"]))
+    if not pts:
+      return self.sim_sync_cpu_us()
+    if len(pts) == 1:
+      return pts[0][1]
+    x = np.array([1.0 / b for b, _ in pts])
+    y = np.array([c for _, c in pts])
+    call, step = np.polyfit(x, y, 1)  # cost = step + call / batch, least squares over async points.
+    return float(max(step, 0.0) + max(call, 0.0) / batch)
+
+  def sim_sync_cpu_us(self) -> float:
+    """CPU µs per env step stepping every env at once (the cheapest batching there is)."""
+    most = max(p["cores"] for p in self.sim)
+    return min(p["cpu_us_per_step"] for p in self.sim if p["cores"] == most and p["batch"] == self.shape["num_envs"])
+
+  def sim_rate(self, cores: float) -> float:
+    """Env steps/s the simulator alone reaches on `cores` cores (linear between points)."""
+    full = max(p["batch"] for p in self.sim)
+    pts = sorted((p["cores"], p["env_steps_per_s"]) for p in self.sim if p["batch"] == full)
+    xs, ys = [x for x, _ in pts], [y for _, y in pts]
+    if cores <= xs[-1]:
+      return float(np.interp(cores, [0.0] + xs, [0.0] + ys))
+    return ys[-1] * cores / xs[-1]  # Beyond the measured cores: linear (more workers, more cores).
+
+  def _gen(self, batch: int, key: str) -> float:
+    size = 1 << max(0, (int(batch) - 1).bit_length())  # The sampler pads to a power of two.
+    pts = sorted((p["batch"], p[key]) for p in self.gen)
+    return float(np.interp(size, [b for b, _ in pts], [v for _, v in pts]))
+
+  def gen_cpu_us(self, batch: int) -> float:
+    """CPU µs of one generation call serving `batch` rows."""
+    return self._gen(batch, "cpu_us")
+
+  def gen_wall_us(self, batch: int) -> float:
+    return self._gen(batch, "wall_us")
+
+  def train_cpu_us_per_step(self) -> float:
+    p = max(self.train, key=lambda p: p["samples"])
+    return p["cpu_s"] * 1e6 / p["samples"]
+
+  def train_rate(self) -> float:
+    """Samples/s the learner digests (updates back to back)."""
+    p = max(self.train, key=lambda p: p["samples"])
+    return p["samples"] / p["wall_s"]
+
+  def assemble_cpu_us(self, batch: int) -> float:
+    pts = sorted((p["batch"], p["cpu_us"]) for p in self.assemble)
+    return float(np.interp(batch, [b for b, _ in pts], [v for _, v in pts]))
+
+  def to_dict(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_dict(cls, d: dict[str, Any]) -> "Profile":
+    return cls(**d)
+
+  def scaled(self, stage: str, factor: float) -> "Profile":
+    """This profile with one stage's costs multiplied (runtime feedback: the stage got heavier)."""
+    d = json.loads(json.dumps(self.to_dict()))
+    if stage == "sim":
+      for p in d["sim"]:
+        p["cpu_us_per_step"] *= factor
+        p["env_steps_per_s"] /= factor
+    elif stage == "gen":
+      for p in d["gen"]:
+        p["cpu_us"] *= factor
+        p["wall_us"] *= factor
+    elif stage == "train":
+      for p in d["train"]:
+        p["cpu_s"] *= factor
+        p["wall_s"] *= factor
+    elif stage == "assemble":
+      for p in d["assemble"]:
+        p["cpu_us"] *= factor
+    return Profile.from_dict(d)
+
+
+# -- measurements -----------------------------------------------------------------
+
+
+def _timed(fn, seconds: float) -> tuple[int, float, float, float]:
+  """Runs fn() (returning units of work) for `seconds` after a warm-up: (units, wall, cpu, calls)."""
+  end = time.perf_counter() + _WARMUP_S
+  while time.perf_counter() < end:
+    fn()
+  units, calls = 0, 0
+  w0, c0 = time.perf_counter(), time.process_time()
+  while time.perf_counter() - w0 < seconds:
+    units += fn()
+    calls += 1
+  return units, time.perf_counter() - w0, time.process_time() - c0, calls
+
+
+def measure_sim(cfg, cores: tuple[int, ...], threads: int, batch: int | None, seconds: float) -> dict[str, float]:
+  """Steps the run's env with random actions on `cores` only (its workers and this thread pinned
+  there): sync (batch None) or async recv/send of `batch`."""
+  from ebrl.resources import enforce
+  from sim_adapters import make_adapter
+
+  n = cfg.num_envs
+  before, mine = enforce.thread_ids(), tuple(sorted(os.sched_getaffinity(0)))
+  enforce.pin(0, cores)
+  adapter = make_adapter(cfg.env.name, n, batch_size=batch, num_threads=threads, seed=cfg.seed,
+                         max_episode_steps=cfg.env.max_episode_steps, from_pixels=cfg.env.from_pixels,
+                         render_size=cfg.env.render_size)
+  rng = np.random.default_rng(0)
+  spec = adapter.spec
+  low, high = spec.action_low, spec.action_high
+  try:
+    adapter.reset()
+    if batch is None:
+      step = lambda: len(adapter.step(rng.uniform(low, high, (n, spec.action_dim)).astype(np.float32)))
+
+      def one():
+        return step()
+    else:
+      def one():
+        b = adapter.recv()
+        adapter.send(rng.uniform(low, high, (len(b), spec.action_dim)).astype(np.float32), b.env_ids)
+        return len(b)
+    for tid in enforce.thread_ids() - before:  # Workers the pool or its reset started.
+      enforce.pin(tid, cores)
+    steps, wall, cpu, _ = _timed(one, seconds)
+  finally:
+    adapter.close()
+    enforce.pin(0, mine)
+  return {"cores": len(cores), "threads": threads, "batch": batch or n, "async": batch is not None,
+          "env_steps_per_s": steps / wall,
+          "cpu_us_per_step": cpu * 1e6 / max(steps, 1)}
+
+
+def _zeros_obs(spec, n: int) -> dict[str, np.ndarray]:
+  return {k: np.zeros((n,) + v.shape, v.dtype) for k, v in spec.obs.items()}
+
+
+def measure_gen(sampler, spec, batches: list[int], seconds: float) -> list[dict[str, float]]:
+  out = []
+  for b in batches:
+    obs = _zeros_obs(spec, b)
+    _, wall, cpu, calls = _timed(lambda: (sampler.act(obs, pad=True), 1)[1], seconds)
+    out.append({"batch": b, "wall_us": wall * 1e6 / calls, "cpu_us": cpu * 1e6 / calls})
+  return out
+
+
+def measure_train(learner, spec, horizon: int, segments: list[int], seconds: float,
+                  key_seed: int = 0) -> list[dict[str, float]]:
+  import jax
+
+  from ebrl.types import SegmentBatch
+
+  out = []
+  for s in segments:
+    batch = SegmentBatch(
+        obs={k: np.zeros((horizon + 1, s) + v.shape, v.dtype) for k, v in spec.obs.items()},
+        actions=np.zeros((horizon, s, spec.action_dim), np.float32), logp=np.zeros((horizon, s), np.float32),
+        rewards=np.zeros((horizon, s), np.float32), terminated=np.zeros((horizon, s), bool),
+        done=np.zeros((horizon, s), bool), valid=np.ones((horizon, s), bool),
+        version=np.zeros((horizon, s), np.int32))
+    box = [learner.init(jax.random.PRNGKey(key_seed))]
+
+    def update():
+      box[0], _ = learner.update_segments(box[0], batch)
+      jax.block_until_ready(box[0])
+      return horizon * s
+
+    samples, wall, cpu, calls = _timed(update, seconds)
+    out.append({"samples": horizon * s, "wall_s": wall / calls, "cpu_s": cpu / calls})
+  return out
+
+
+def measure_assemble(spec, num_envs: int, horizon: int, batches: list[int], seconds: float) -> list[dict[str, float]]:
+  """Host bookkeeping per batch: closing transitions, starting new ones, episode stats."""
+  from ebrl.assembler import TrajectoryAssembler
+  from ebrl.sampler import Actions
+  from ebrl.telemetry.episodes import EpisodeTracker
+  from sim_adapters.base import StepBatch
+
+  out = []
+  for b in batches:
+    sink: list = []
+    assembler = TrajectoryAssembler(spec, num_envs, horizon, sink.append)
+    tracker = EpisodeTracker(num_envs, spec.has_success)
+    cursor = [0]
+    zeros = np.zeros(b, np.float32)
+    acts = Actions(np.zeros((b, spec.action_dim), np.float32), np.zeros((b, spec.action_dim), np.float32),
+                   zeros, zeros)
+
+    def one():
+      ids = (np.arange(b) + cursor[0]) % num_envs
+      cursor[0] += b
+      rows = StepBatch(obs=_zeros_obs(spec, b), reward=zeros, terminated=np.zeros(b, bool),
+                       truncated=np.zeros(b, bool), success=zeros, env_ids=ids.astype(np.int32),
+                       reset_step=np.zeros(b, bool))
+      tracker.observe(rows)
+      assembler.complete(rows.env_ids, rows)
+      assembler.start(rows.env_ids, rows.obs, acts, 0)
+      sink.clear()
+      return b
+
+    _, wall, _, calls = _timed(one, seconds)
+    # Single-threaded numpy: wall time is its CPU time, without other threads' noise.
+    out.append({"batch": b, "cpu_us": wall * 1e6 / calls})
+  return out
+
+
+def _pow2_upto(n: int) -> list[int]:
+  top = 1 << max(0, (n - 1).bit_length())
+  return [1 << k for k in range(top.bit_length()) if (1 << k) <= top]
+
+
+def measure(cfg, inventory: Inventory, *, policy=None, spec=None, full: bool = False,
+            seconds: float = 0.5, log=print) -> Profile:
+  """Calibrates every stage for this run's shapes (about 10-20 s; `full` adds update sizes)."""
+  import jax
+
+  from ebrl.learner import Learner
+  from ebrl.sampler import Sampler
+  from ebrl.trainer import learner_config
+  from policies import make_policy
+
+  t0 = time.perf_counter()
+  usable = inventory.cpu_cores
+  n = cfg.num_envs
+  multitask = cfg.env.name == "MetaWorld/MT10"
+  # MT10 runs one worker per task pool (its ten pools already outnumber small machines' cores).
+  threads = (lambda k: 1) if multitask else (lambda k: k)
+  counts = sorted({1, len(usable)})
+  sim = []
+  log(f"[profile] sim: {cfg.env.name}, {n} envs, on {counts} cores")
+  for k in counts:
+    sim.append(measure_sim(cfg, usable[:k], threads(k), None, seconds))
+  # Async recv batches: the per-call cost the planner trades against batch.
+  for b in sorted({n // 4, n // 2, n - max(1, n // 8)}):
+    if 1 <= b < n:
+      sim.append(measure_sim(cfg, usable, threads(len(usable)), b, seconds))
+  render = None
+  if cfg.env.from_pixels:
+    plain = cfg.copy_and_resolve_references()
+    plain.env.from_pixels = False
+    base = measure_sim(plain, usable, threads(len(usable)), None, seconds)
+    with_px = next(p for p in sim if p["cores"] == len(usable) and p["batch"] == n)
+    render = {"cpu_us_per_step": max(0.0, with_px["cpu_us_per_step"] - base["cpu_us_per_step"])}
+  if spec is None:
+    from sim_adapters import make_adapter
+    probe = make_adapter(cfg.env.name, min(n, 10 if cfg.env.name == "MetaWorld/MT10" else 1),
+                         from_pixels=cfg.env.from_pixels, render_size=cfg.env.render_size)
+    spec = probe.spec
+    probe.close()
+  policy = policy or make_policy(cfg.policy.name, spec, cfg.policy)
+  learner = Learner(policy, learner_config(cfg))
+  sampler = Sampler(policy, spec, seed=0)
+  sampler.set_params(learner.init(jax.random.PRNGKey(0)).params, 0)
+  log(f"[profile] gen: batches {_pow2_upto(n)}")
+  gen = measure_gen(sampler, spec, _pow2_upto(n), seconds / 2)
+  segments = cfg.ebrl.segments_per_update or n
+  sizes = sorted({segments, max(1, segments // 2)}) if full else [segments]
+  log(f"[profile] train: {[s * cfg.rollout_length for s in sizes]} samples per update")
+  train = measure_train(learner, spec, cfg.rollout_length, sizes, max(seconds, 1.0))
+  assemble = measure_assemble(spec, n, cfg.rollout_length, sorted({8, 32, n}), seconds / 2)
+  prof = Profile(fingerprint=inventory.fingerprint(), shape=run_shape(cfg), sim=sim, gen=gen, train=train,
+                 assemble=assemble, render=render)
+  prof.measured_s = time.perf_counter() - t0
+  return prof
+
+
+def cache_path(cfg, inventory: Inventory) -> str:
+  root = os.environ.get("EBRL_PROFILE_CACHE", os.path.expanduser("~/.cache/ebrl/profiles"))
+  key = json.dumps({"fp": inventory.fingerprint(), "shape": run_shape(cfg)}, sort_keys=True)
+  return os.path.join(root, hashlib.sha1(key.encode()).hexdigest()[:16] + ".json")
+
+
+def load(path: str) -> Profile:
+  with open(path) as f:
+    d = json.load(f)
+  return Profile.from_dict(d.get("profile", d))  # A launch.profile output or a bare profile.
+
+
+def save(profile: Profile, path: str) -> None:
+  from ebrl.telemetry.writers import write_json
+  write_json(path, profile.to_dict())
+
+
+def load_or_measure(cfg, inventory: Inventory, log=print, **kwargs) -> Profile:
+  """The cached profile when hardware and shapes match, else a fresh calibration (then cached)."""
+  path = cache_path(cfg, inventory)
+  if os.path.exists(path):
+    try:
+      p = load(path)
+      if p.fingerprint == inventory.fingerprint() and p.shape == run_shape(cfg):
+        log(f"[profile] reusing {path}")
+        return p
+    except (OSError, ValueError, TypeError, KeyError):
+      pass  # A stale or damaged cache entry: measure again.
+  p = measure(cfg, inventory, log=log, **kwargs)
+  try:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    save(p, path)
+  except OSError:
+    pass  # A read-only home still trains; it only measures again next time.
+  return p

@@ -1,0 +1,142 @@
+"""The planner against known optima on synthetic profiles, and the bound it reports."""
+
+import itertools
+import math
+
+import pytest
+
+from ebrl.resources import planner
+from ebrl.resources.plan import STAGES
+from ebrl.resources.profiler import Profile
+
+
+def synthetic(sim_step=100.0, sim_call=800.0, gen_call=200.0, gen_row=0.5, train_us=20.0,
+              train_rate=1e6, n=64, cores=4, overhead=0.0) -> Profile:
+  """A profile whose stage costs follow exact formulas (CPU µs; sim scales linearly with cores)."""
+  sim = [{"cores": c, "threads": c, "batch": n, "async": False, "env_steps_per_s": c * 1e6 / sim_step,
+          "cpu_us_per_step": sim_step} for c in (1, cores)]
+  sim += [{"cores": cores, "threads": cores, "batch": b, "async": True,
+           "env_steps_per_s": cores * 1e6 / (sim_step + sim_call / b), "cpu_us_per_step": sim_step + sim_call / b}
+          for b in (n // 4, n // 2, n - n // 8)]
+  gen = [{"batch": 1 << k, "wall_us": gen_call + gen_row * (1 << k), "cpu_us": gen_call + gen_row * (1 << k)}
+         for k in range(0, (n - 1).bit_length() + 1)]
+  train = [{"samples": 1000, "wall_s": 1000 / train_rate, "cpu_s": 1000 * train_us * 1e-6}]
+  assemble = [{"batch": b, "cpu_us": 10.0 + 0.1 * b} for b in (8, n)]
+  return Profile(fingerprint={}, shape={"num_envs": n}, sim=sim, gen=gen, train=train, assemble=assemble,
+                 overhead_us_per_step=overhead)
+
+
+SHAPE = planner.RunShape(num_envs=64, multitask=False, rollout_length=16, segments_per_update=64, num_minibatches=4)
+
+
+def test_sim_cost_fit_recovers_the_formula():
+  p = synthetic()
+  for b in (8, 16, 40, 63):
+    assert p.sim_cpu_us(b) == pytest.approx(100.0 + 800.0 / b, rel=1e-6)
+  assert p.sim_sync_cpu_us() == 100.0
+  assert p.sim_rate(2) == pytest.approx(2e6 / 100.0 * 1.0, rel=0.34)  # Interpolated between 1 and 4 cores.
+
+
+def test_predict_matches_a_hand_computed_core_load():
+  costs = {"sim": 90.0, "gen": 6.0, "train": 26.0, "assemble": 4.0}
+  caps = {s: math.inf for s in STAGES}
+  # sim alone on cores 0-2; gen+assemble on 3; train on 3 too.
+  layout = {"sim": (0, 1, 2), "gen": (3,), "assemble": (3,), "train": (3,)}
+  rates, e2e, bottleneck = planner.predict(costs, layout, caps)
+  assert rates["sim"] == pytest.approx(3e6 / 90.0)
+  assert rates["gen"] == pytest.approx(1e6 / 36.0)
+  assert e2e == pytest.approx(1e6 / 36.0) and bottleneck == "train"  # Core 3 carries 6 + 4 + 26.
+  shared = {s: (0, 1, 2, 3) for s in STAGES}
+  _, e2e, bottleneck = planner.predict(costs, shared, caps)
+  assert e2e == pytest.approx(4e6 / 126.0) and bottleneck == "sim"
+
+
+def _brute_force(profile, cores, shape):
+  """Every group count, recv batch and layout the planner may choose, scored by the same model."""
+  best = 0.0
+  for groups in (1, 2, 4):
+    per = shape.num_envs // groups
+    for recv in range(1, per):
+      if groups * (per - recv) < planner._in_flight_need(shape, cores):
+        continue
+      for _, layout in planner._layouts(cores):
+        best = max(best, planner._make("auto", profile, shape, layout, groups, recv).predicted_env_steps_per_s)
+  return best
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(),  # Sim-bound: a shared pool and the biggest batch that keeps envs in flight.
+    dict(sim_call=4000.0),  # Heavy per-call sim overhead: bigger recv batches pay.
+    dict(train_rate=3000.0),  # The learner caps everything.
+    dict(gen_call=5000.0, sim_step=20.0),  # Generation latency dominates: few, big calls.
+])
+def test_auto_plan_is_the_best_the_model_allows(kwargs):
+  p = synthetic(**kwargs)
+  cores = (0, 1, 2, 3)
+  plan = planner.plan_auto(p, cores, SHAPE)
+  # The planner searches a grid of recv batches; the brute force every size: within 5% of it.
+  assert plan.predicted_env_steps_per_s >= 0.95 * _brute_force(p, cores, SHAPE)
+  assert plan.predicted_env_steps_per_s == pytest.approx(min(plan.predicted_rates.values()))
+  assert plan.bottleneck in STAGES
+
+
+def test_known_optimum_shared_pool_and_batch():
+  # Everything CPU-bound and perfectly parallel: the optimum is the shared pool at the largest
+  # allowed recv batch, and its rate is cores / total cost.
+  p = synthetic(gen_call=0.0, gen_row=0.0, train_us=0.0)
+  plan = planner.plan_auto(p, (0, 1, 2, 3), SHAPE)
+  assert set(plan.cpu_sets["sim"]) == {0, 1, 2, 3} == set(plan.cpu_sets["train"])
+  assert plan.num_groups == 1 and plan.recv_batch == 60  # One env per core stays in flight.
+  expected = 4e6 / (100.0 + 800.0 / 60 + (10.0 + 0.1 * 60) / 60)
+  assert plan.predicted_env_steps_per_s == pytest.approx(expected, rel=1e-6)
+
+
+def test_dedicated_learner_block_when_it_is_the_only_way_to_parallelise():
+  # A learner capped at one call at a time but costing a lot: the model gives the same rate to a
+  # shared pool and a split only if caps allow; a cap below the pool rate names train.
+  p = synthetic(train_rate=5000.0)
+  plan = planner.plan_auto(p, (0, 1, 2, 3), SHAPE)
+  assert plan.bottleneck == "train" and plan.predicted_env_steps_per_s == pytest.approx(5000.0)
+
+
+def test_naive_layout_is_an_equal_split():
+  assert planner.naive_layout((0, 1)) == {"sim": (0,), "gen": (1,), "assemble": (1,), "train": (1,)}
+  lay = planner.naive_layout(tuple(range(16)))
+  assert lay["sim"] == tuple(range(0, 5)) and lay["gen"] == tuple(range(5, 10)) and lay["train"] == tuple(range(10, 16))
+  p = synthetic()
+  naive = planner.plan_naive(SHAPE, (0, 1), 1, 32, p)
+  auto = planner.plan_auto(p, (0, 1), SHAPE)
+  assert auto.predicted_env_steps_per_s > naive.predicted_env_steps_per_s
+  assert naive.bottleneck == "sim"  # Half the cores for the stage that costs most.
+
+
+def test_bound_is_cores_over_cheapest_total_and_never_below_a_plan():
+  p = synthetic(overhead=3.0)
+  cores = (0, 1, 2, 3)
+  bound = planner.work_conserving_bound(p, cores, SHAPE)
+  total = 100.0 + (200.0 + 0.5 * 64) / 64 + 20.0 + (10.0 + 0.1 * 64) / 64 + 3.0
+  assert bound["cpu_us_per_step"] == pytest.approx(total)
+  assert bound["env_steps_per_s"] == pytest.approx(4e6 / total)
+  for groups, recv in itertools.product((1, 2), (8, 16, 24)):
+    for _, layout in planner._layouts(cores):
+      plan = planner._make("auto", p, SHAPE, layout, groups, recv)
+      assert plan.predicted_env_steps_per_s <= bound["env_steps_per_s"] + 1e-6
+
+
+def test_replanning_keeps_what_a_running_run_cannot_change():
+  p = synthetic()
+  plan = planner.plan_auto(p.scaled("sim", 2.0), (0, 1, 2, 3), SHAPE, fixed=(2, 8))
+  assert (plan.num_groups, plan.recv_batch) == (2, 8)
+  assert plan.stage_cost_us["sim"] == pytest.approx(2 * p.sim_cpu_us(8))
+
+
+def test_gpu_split_maximises_the_slower_stage():
+  # gen needs little SM share (saturates at 30%), train scales linearly: the best MPS split gives
+  # gen just enough.
+  gen = lambda pct: 1e5 * min(pct, 30) / 30
+  train = lambda pct: 2e5 * pct / 100
+  split = planner.plan_gpu_split(gen, train, mps=True, num_gpus=1)
+  assert split.mps and split.sm_percent == {"gen": 30, "train": 70}
+  assert sum(split.mem_fraction.values()) <= 0.95
+  whole = planner.plan_gpu_split(gen, train, mps=False, num_gpus=4)
+  assert not whole.mps and whole.devices == {"gen": (0,), "train": (1, 2, 3)}

@@ -53,6 +53,13 @@ _RATIO_PAIRS = (("sync", "random"), ("ebrl", "sync"), ("ebrl", "pipelined"), ("e
                 ("ebrl+auto", "random"))
 
 
+def _ratio_name(a: str, b: str) -> str:
+  """"ebrl_over_sync"; two resource modes of ebrl compare by mode alone: "auto_over_naive"."""
+  if a.startswith("ebrl+") and b.startswith("ebrl+"):
+    a, b = a[len("ebrl+"):], b[len("ebrl+"):]
+  return f"{a}_over_{b}"
+
+
 def machine_info() -> dict:
   import jax  # pylint: disable=g-import-not-at-top
 
@@ -177,7 +184,7 @@ def main(argv: list[str]) -> None:
   from ebrl.telemetry import plots  # pylint: disable=g-import-not-at-top
   timeline_path = _TIMELINE.value or os.path.splitext(_OUT.value)[0] + "_timeline.png"
   plots.timelines(spans, timeline_path)
-  ratios = {f"{a}_over_{b}": results[a]["e2e_env_steps_per_s"] / results[b]["e2e_env_steps_per_s"]
+  ratios = {_ratio_name(a, b): results[a]["e2e_env_steps_per_s"] / results[b]["e2e_env_steps_per_s"]
             for a, b in _RATIO_PAIRS if a in results and b in results}
   bound = next((r["resources"]["bound"] for r in results.values() if r.get("resources", {}).get("bound")), None)
   out_bound = None

@@ -106,6 +106,7 @@ class EnvPoolAdapter:
     self._action_dtype = action_space.dtype
     self._prev_done = np.ones(num_envs, bool)  # Next row of each env is a reset.
     self._needs_reset = np.zeros(num_envs, bool)
+    self._pending = np.zeros(num_envs, bool)  # Sent (or reset) and not yet received.
     self._stash: list[StepBatch] = []
     self._in_flight = 0  # Envs sent (or reset) and not yet received.
     self.nan_resets = 0
@@ -164,10 +165,17 @@ class EnvPoolAdapter:
     self._prev_done[:] = True
     self._needs_reset[:] = False
     self._in_flight = self.num_envs
+    self._pending[:] = True
     self._pool.async_reset()
 
   def send(self, actions: np.ndarray, env_ids: np.ndarray) -> None:
     env_ids = np.asarray(env_ids, np.int32)
+    if self._pending[env_ids].any():
+      # EnvPool would hand the step to a second worker while the first still steps or resets
+      # that env: two threads on one MuJoCo state corrupt memory (segfaults, nefc errors).
+      raise RuntimeError(f"send to env(s) {env_ids[self._pending[env_ids]][:8].tolist()} whose last step or "
+                         "reset has not been received; recv their rows first")
+    self._pending[env_ids] = True
     self._in_flight += len(env_ids)
     redo = self._needs_reset[env_ids]
     if redo.any():
@@ -192,6 +200,7 @@ class EnvPoolAdapter:
   def recv(self) -> StepBatch:
     b = self._stash.pop(0) if self._stash else self._to_batch(self._pool.recv())
     self._in_flight -= len(b)
+    self._pending[b.env_ids] = False
     return b
 
   def step(self, actions: np.ndarray) -> StepBatch:

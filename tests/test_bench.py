@@ -59,3 +59,32 @@ def test_bench_with_stragglers_records_them(tmp_path):
                    "--straggler_fraction=0.2", "--straggler_slowdown=3")
   assert data["stragglers"] == {"fraction": 0.2, "slowdown": 3.0}
   assert data["results"]["sync"]["env_steps"] > 0
+
+
+def _synthetic_profile(n: int) -> dict:
+  """A small, self-consistent profile (CPU µs) so the bench plans without calibrating."""
+  sim = [{"cores": c, "threads": c, "batch": n, "async": False, "env_steps_per_s": c * 1e4, "cpu_us_per_step": 100.0}
+         for c in (1, 2)]
+  sim += [{"cores": 2, "threads": 2, "batch": b, "async": True, "env_steps_per_s": 2e6 / (100.0 + 400.0 / b),
+           "cpu_us_per_step": 100.0 + 400.0 / b} for b in (n // 4, n // 2)]
+  gen = [{"batch": 1 << k, "wall_us": 200.0 + (1 << k), "cpu_us": 200.0 + (1 << k)}
+         for k in range((n - 1).bit_length() + 1)]
+  return {"fingerprint": {}, "shape": {"num_envs": n}, "sim": sim, "gen": gen,
+          "train": [{"samples": 64, "wall_s": 64e-5, "cpu_s": 64e-5}],
+          "assemble": [{"batch": 1, "cpu_us": 5.0}, {"batch": n, "cpu_us": 10.0}]}
+
+
+def test_bench_resource_modes_report_ratio_prediction_and_bound(tmp_path):
+  prof = tmp_path / "profile.json"
+  prof.write_text(json.dumps({"profile": _synthetic_profile(8)}))
+  data, stdout = _bench(tmp_path, "--env=MetaWorld/Reach-v3", "--schedulers=ebrl", "--resources=naive,auto",
+                        f"--config.quotas.profile={prof}")
+  assert set(data["results"]) == {"ebrl+naive", "ebrl+auto"}
+  a, n = data["results"]["ebrl+auto"], data["results"]["ebrl+naive"]
+  assert data["ratios"]["auto_over_naive"] == pytest.approx(a["e2e_env_steps_per_s"] / n["e2e_env_steps_per_s"])
+  bound = data["bound"]
+  assert bound["env_steps_per_s"] > 0
+  for name, r in data["results"].items():
+    assert bound["fraction"][name] == pytest.approx(r["e2e_env_steps_per_s"] / bound["env_steps_per_s"])
+    assert r["resources"]["predicted_env_steps_per_s"] > 0
+  assert "auto_over_naive" in stdout and "work-conserving bound" in stdout

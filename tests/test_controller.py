@@ -9,6 +9,7 @@ from typing import Callable
 import pytest
 
 from ebrl.resources.controller import Controller, Decision, Telemetry
+from ebrl.resources.manager import attribute_cpu_change
 from ebrl.resources.plan import Plan
 from ebrl.telemetry.shift_plot import demand_shift
 
@@ -165,3 +166,50 @@ def test_measured_reference_watches_drift_from_the_first_windows():
   assert decisions[0].reference_cost_us["sim"] == pytest.approx(300.0)
   assert seen[0]["sim"] == pytest.approx(600.0)
   assert "sim cost 600 us/step vs 300 planned (+100%)" in decisions[0].reason
+
+
+def test_cpu_change_goes_to_the_stage_that_moved_not_by_its_wall_ratio():
+  """A 110 µs/step burn in sim: wall sim cost grows several-fold (it also waits longer), process
+  CPU by the burn; the planner is told the CPU change, attributed to sim."""
+  plan = make_plan()
+  seen = []
+
+  def replan(costs):
+    seen.append(dict(costs))
+    return plan
+
+  c = Controller(plan, replan, interval_s=1.0, dwell=2, cooldown_s=5.0, reference="measured", floor_share=1.0)
+  steps, busy, cpu = 0, {"sim": 0.0, "gen": 0.0, "train": 0.0}, 0.0
+  for t in range(40):
+    sim_wall, gen_wall, cpu_us = (300.0, 2.0, 140.0) if t < 20 else (2000.0, 4.0, 250.0)  # gen: 1 µs noise x2.
+    steps += 10_000
+    busy = {"sim": busy["sim"] + sim_wall * 1e-2, "gen": busy["gen"] + gen_wall * 1e-2,
+            "train": busy["train"] + 60e-2}
+    cpu += cpu_us * 1e-2
+    c.observe(Telemetry(t=float(t), env_steps=steps, cpu_s=cpu, busy_s=dict(busy)))
+  assert len(seen) == 1
+  extra = attribute_cpu_change(c.decisions[0].reference_cost_us, seen[0], c.drift * c.floor_share)
+  assert extra == {"sim": pytest.approx(110.0)}  # gen doubled too, but by 2 µs of a 140 µs step: noise.
+  assert c.metrics()["controller_cpu_us_per_step"] == pytest.approx(250.0)
+
+
+def test_small_stage_doubling_is_not_drift_with_a_cpu_floor():
+  c = Controller(make_plan(), replan, interval_s=1.0, dwell=1, cooldown_s=0.0, reference="measured",
+                 floor_share=1.0)
+  steps, busy, cpu = 0, {"sim": 0.0, "gen": 0.0}, 0.0
+  for t in range(30):
+    steps += 10_000
+    busy = {"sim": busy["sim"] + 1.0, "gen": busy["gen"] + (0.01 if t % 2 else 0.03)}  # gen 1 <-> 3 µs/step
+    cpu += 1.4
+    assert c.observe(Telemetry(t=float(t), env_steps=steps, cpu_s=cpu, busy_s=dict(busy))) is None
+
+
+def test_attribute_cpu_change_splits_by_how_far_each_stage_moved():
+  ref = {"sim": 100.0, "gen": 50.0, "train": 20.0, "cpu": 200.0}
+  now = {"sim": 400.0, "gen": 150.0, "train": 21.0, "cpu": 320.0}
+  extra = attribute_cpu_change(ref, now, 0.25)
+  assert extra == {"sim": pytest.approx(120.0 * 300 / 400), "gen": pytest.approx(120.0 * 100 / 400)}
+  # Cheaper: the stage whose wall cost fell takes the (negative) change; nothing moved: no change.
+  assert attribute_cpu_change(ref, {**ref, "sim": 20.0, "cpu": 150.0}, 0.25) == {"sim": pytest.approx(-50.0)}
+  assert attribute_cpu_change(ref, {**ref, "cpu": 260.0}, 0.25) == {}
+  assert attribute_cpu_change({"sim": 1.0}, {"sim": 2.0}, 0.25) == {}  # No CPU measured.

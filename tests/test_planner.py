@@ -11,7 +11,7 @@ from ebrl.resources.profiler import Profile
 
 
 def synthetic(sim_step=100.0, sim_call=800.0, gen_call=200.0, gen_row=0.5, train_us=20.0,
-              train_rate=1e6, n=64, cores=4, overhead=0.0) -> Profile:
+              train_rate=1e6, n=64, cores=4) -> Profile:
   """A profile whose stage costs follow exact formulas (CPU µs; sim scales linearly with cores)."""
   sim = [{"cores": c, "threads": c, "batch": n, "async": False, "env_steps_per_s": c * 1e6 / sim_step,
           "cpu_us_per_step": sim_step} for c in (1, cores)]
@@ -22,8 +22,7 @@ def synthetic(sim_step=100.0, sim_call=800.0, gen_call=200.0, gen_row=0.5, train
          for k in range(0, (n - 1).bit_length() + 1)]
   train = [{"samples": 1000, "wall_s": 1000 / train_rate, "cpu_s": 1000 * train_us * 1e-6}]
   assemble = [{"batch": b, "cpu_us": 10.0 + 0.1 * b} for b in (8, n)]
-  return Profile(fingerprint={}, shape={"num_envs": n}, sim=sim, gen=gen, train=train, assemble=assemble,
-                 overhead_us_per_step=overhead)
+  return Profile(fingerprint={}, shape={"num_envs": n}, sim=sim, gen=gen, train=train, assemble=assemble)
 
 
 SHAPE = planner.RunShape(num_envs=64, multitask=False, rollout_length=16, segments_per_update=64, num_minibatches=4)
@@ -111,10 +110,10 @@ def test_naive_layout_is_an_equal_split():
 
 
 def test_bound_is_cores_over_cheapest_total_and_never_below_a_plan():
-  p = synthetic(overhead=3.0)
+  p = synthetic()
   cores = (0, 1, 2, 3)
   bound = planner.work_conserving_bound(p, cores, SHAPE)
-  total = 100.0 + (200.0 + 0.5 * 64) / 64 + 20.0 + (10.0 + 0.1 * 64) / 64 + 3.0
+  total = 100.0 + (200.0 + 0.5 * 64) / 64 + 20.0 + (10.0 + 0.1 * 64) / 64
   assert bound["cpu_us_per_step"] == pytest.approx(total)
   assert bound["env_steps_per_s"] == pytest.approx(4e6 / total)
   for groups, recv in itertools.product((1, 2), (8, 16, 24)):
@@ -140,3 +139,17 @@ def test_gpu_split_maximises_the_slower_stage():
   assert sum(split.mem_fraction.values()) <= 0.95
   whole = planner.plan_gpu_split(gen, train, mps=False, num_gpus=4)
   assert not whole.mps and whole.devices == {"gen": (0,), "train": (1, 2, 3)}
+
+
+def test_with_extra_adds_cpu_per_step_to_one_stage():
+  p = synthetic()
+  q = p.with_extra("sim", 50.0)
+  for b in (8, 32, 56):
+    assert q.sim_cpu_us(b) == pytest.approx(p.sim_cpu_us(b) + 50.0)
+  # Spread over the point's cores: 4 cores at 100 µs/step -> 40,000/s; +50 µs -> 4e6 / 150.
+  assert q.sim_rate(4) == pytest.approx(4e6 / 150.0)
+  assert p.with_extra("gen", 2.0).gen_cpu_us(16) == pytest.approx(p.gen_cpu_us(16) + 32.0)
+  assert p.with_extra("train", 5.0).train_cpu_us_per_step() == pytest.approx(25.0)
+  assert p.with_extra("train", -100.0).train_cpu_us_per_step() == pytest.approx(2.0)  # Floor: a tenth.
+  with pytest.raises(ValueError, match="unknown stage 'render'"):
+    p.with_extra("render", 1.0)

@@ -41,6 +41,7 @@ from typing import Callable
 from ebrl.resources.plan import STAGES, Plan
 
 KIND_REPLAN = "replan"
+CPU = "cpu"  # Not a stage: the process's CPU µs per env step, measured next to the stages.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +92,7 @@ class Controller:
   def __init__(self, plan: Plan, replan: Callable[[dict[str, float]], Plan], *,
                interval_s: float = 5.0, drift: float = 0.25, dwell: int = 2,
                cooldown_s: float = 15.0, smoothing: float = 0.5, min_steps: int = 1000,
-               reference: str = "plan"):
+               reference: str = "plan", floor_share: float = 0.0):
     if not 0.0 < smoothing <= 1.0:
       raise ValueError(f"smoothing must be in (0, 1], got {smoothing}")
     if reference not in ("plan", "measured"):
@@ -108,10 +109,10 @@ class Controller:
     self.cooldown_s = cooldown_s
     self.smoothing = smoothing
     self.min_steps = min_steps
+    self.floor_share = floor_share
     self.decisions: list[Decision] = []
     self.replans = 0
-    self.last_measured_cost_us: dict[str, float] = {}  # The last window, unsmoothed.
-    self.last_cpu_us_per_step: float | None = None
+    self.last_measured_cost_us: dict[str, float] = {}  # The last window, unsmoothed ("cpu" too).
     self._anchor: Telemetry | None = None  # Start of the current window.
     self._ema: dict[str, float] = {}
     self._streak: list[dict[str, float]] = []  # Raw costs of the latest drifting windows.
@@ -140,8 +141,8 @@ class Controller:
       return None
     cost = {s: (tel.busy_s[s] - a.busy_s[s]) / steps * 1e6
             for s in tel.busy_s if s in a.busy_s}
+    cost[CPU] = (tel.cpu_s - a.cpu_s) / steps * 1e6
     self.last_measured_cost_us = cost
-    self.last_cpu_us_per_step = (tel.cpu_s - a.cpu_s) / steps * 1e6
     if self.reference is None:  # reference="measured": the first full windows set it.
       self._settling.append(cost)
       if len(self._settling) >= self.dwell:
@@ -167,9 +168,12 @@ class Controller:
     return self._replan(tel.t, measured)
 
   def _deviations(self, cost: dict[str, float] | None = None) -> dict[str, float]:
-    """Stage -> measured / reference - 1 (smoothed by default), for referenced and measured stages."""
+    """Stage -> change / max(reference, floor_share x reference CPU) (smoothed by default),
+    for referenced and measured stages; plain measured / reference - 1 without a floor."""
     cost = self._ema if cost is None else cost
-    return {s: cost[s] / p - 1.0 for s, p in (self.reference or {}).items()
+    ref = self.reference or {}
+    floor = self.floor_share * ref.get(CPU, 0.0)
+    return {s: (cost[s] - p) / (p if s == CPU else max(p, floor)) for s, p in ref.items()
             if p > 0 and s in cost}
 
   def _drifting(self) -> bool:
@@ -217,9 +221,8 @@ class Controller:
     if dev:
       out["controller_drift"] = max(abs(d) for d in dev.values())
     for s in sorted(self.last_measured_cost_us, key=_stage_order):
-      out[f"controller_measured_{s}_us"] = float(self.last_measured_cost_us[s])
-    if self.last_cpu_us_per_step is not None:
-      out["controller_cpu_us_per_step"] = float(self.last_cpu_us_per_step)
+      key = "controller_cpu_us_per_step" if s == CPU else f"controller_measured_{s}_us"
+      out[key] = float(self.last_measured_cost_us[s])
     return out
 
 
@@ -233,7 +236,8 @@ def _reason(reference: dict[str, float], measured: dict[str, float], dev: dict[s
   ranked = sorted(dev, key=lambda s: -abs(dev[s]))
   def part(s: str) -> str:
     p = reference[s]
-    return f"{s} cost {measured[s]:.0f} us/step vs {p:.0f} planned ({measured[s] / p - 1.0:+.0%})"
+    what = "process CPU" if s == CPU else f"{s} cost"
+    return f"{what} {measured[s]:.0f} us/step vs {p:.0f} planned ({measured[s] / p - 1.0:+.0%})"
   head = f"{part(ranked[0])} for {windows} window{'s' if windows != 1 else ''}"
   others = [part(s) for s in ranked[1:] if abs(dev[s]) > drift]
   return head + ("; also " + ", ".join(others) if others else "")

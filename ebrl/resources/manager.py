@@ -22,10 +22,10 @@ from typing import Callable
 
 from ebrl import config as config_lib
 from ebrl.resources import planner, profiler
-from ebrl.resources.controller import Controller, Decision, Telemetry
+from ebrl.resources.controller import CPU, Controller, Decision, Telemetry
 from ebrl.resources.enforce import Enforcer, format_cores, parse_cores
 from ebrl.resources.inventory import Inventory, take_inventory
-from ebrl.resources.plan import Plan
+from ebrl.resources.plan import STAGES, Plan
 
 
 def manual_layout(cfg, usable: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
@@ -84,7 +84,8 @@ class ResourceManager:
     self.controller = None
     if cfg.resources == "auto" and cfg.quotas.control_interval_s > 0:
       self.controller = Controller(self.plan, self._replan, interval_s=cfg.quotas.control_interval_s,
-                                   cooldown_s=3 * cfg.quotas.control_interval_s, reference="measured")
+                                   cooldown_s=3 * cfg.quotas.control_interval_s, reference="measured",
+                                   floor_share=1.0)
     self._t0 = time.time()
     self.events: list[dict] = []  # {"t": run wall_s, "label"} for the controller plot.
     for line in self.describe():
@@ -144,15 +145,37 @@ class ResourceManager:
     return decision
 
   def _replan(self, measured: dict[str, float]) -> Plan:
-    """Scales each stage's profiled cost by measured / reference, then re-plans what can change
-    while the run goes on (layout, generation batch); groups and recv batch are fixed by the
-    simulators already built."""
-    reference = self.controller.reference or {}
-    for stage, now in measured.items():
-      ref = reference.get(stage, 0.0)
-      if ref > 0 and now > 0:
-        self.profile = self.profile.scaled(stage, now / ref)
+    """Adds the measured change in CPU per env step to the stages that moved, then re-plans what
+    can change while the run goes on (layout, generation batch); groups and recv batch are
+    fixed by the simulators already built."""
+    for stage, extra in attribute_cpu_change(self.controller.reference or {}, measured,
+                                             self.controller.drift * self.controller.floor_share).items():
+      self.profile = self.profile.with_extra(stage, extra)
     plan = planner.plan_auto(self.profile, self.inventory.cpu_cores, self.shape, self.plan.notes,
                              fixed=(self.plan.num_groups, self.plan.recv_batch))
     self.bound = planner.work_conserving_bound(self.profile, self.inventory.cpu_cores, self.shape)
     return plan
+
+
+def attribute_cpu_change(reference: dict[str, float], measured: dict[str, float],
+                         min_share: float) -> dict[str, float]:
+  """Stage -> CPU µs per env step to add to its profile, from one re-plan's measurements.
+
+  The process's change in CPU per env step (`cpu`) is the amount; the stages
+  whose wall cost per step moved the same way, by at least `min_share` of the
+  reference CPU per step, share it in proportion to how far each moved. Wall
+  cost alone would overstate it: a stage busy waiting on a slower neighbour is
+  busy longer per step at no extra CPU (a 110 µs burn per step made the sim
+  stage's wall cost 6.8x in a run, its CPU cost 2x).
+  """
+  if CPU not in reference or CPU not in measured:
+    return {}
+  change = measured[CPU] - reference[CPU]
+  moved = {s: measured[s] - reference[s] for s in STAGES if s in reference and s in measured}
+  floor = min_share * reference[CPU]
+  same_way = {s: d for s, d in moved.items() if d * change > 0 and abs(d) >= floor}
+  if not same_way:  # Nothing moved clearly: the stage that moved most, if it moved the same way.
+    s = max(moved, key=lambda s: abs(moved[s]), default=None)
+    same_way = {s: moved[s]} if s is not None and moved[s] * change > 0 else {}
+  total = sum(same_way.values())
+  return {s: change * d / total for s, d in same_way.items()} if total else {}

@@ -56,7 +56,7 @@ def stage_costs(profile: Profile, groups: int, recv_batch: int) -> dict[str, flo
   return {"sim": profile.sim_cpu_us(recv_batch),
           "gen": profile.gen_cpu_us(gen_batch) / gen_batch,
           "train": profile.train_cpu_us_per_step(),
-          "assemble": profile.assemble_cpu_us(gen_batch) / gen_batch + profile.overhead_us_per_step}
+          "assemble": profile.assemble_cpu_us(gen_batch) / gen_batch}
 
 
 def stage_caps(profile: Profile, cpu_sets: dict[str, tuple[int, ...]], sim_threads: int, pools: int,
@@ -206,7 +206,7 @@ def work_conserving_bound(profile: Profile, cores: tuple[int, ...], shape: RunSh
   n = shape.num_envs
   costs = {"sim": profile.sim_sync_cpu_us(), "gen": profile.gen_cpu_us(n) / n,
            "train": profile.train_cpu_us_per_step(),
-           "assemble": profile.assemble_cpu_us(n) / n + profile.overhead_us_per_step}
+           "assemble": profile.assemble_cpu_us(n) / n}
   total = sum(costs.values())
   rate = min(len(cores) * 1e6 / total, profile.sim_rate(len(cores)))
   return {"env_steps_per_s": rate, "cpu_us_per_step": total, **{f"{k}_us": v for k, v in costs.items()}}

@@ -57,9 +57,6 @@ class Profile:
   train: list[dict[str, float]]
   assemble: list[dict[str, float]]
   render: dict[str, float] | None = None
-  # CPU µs per env step a real run pays beyond the stages timed alone (thread hand-offs,
-  # per-call Python); charged to "assemble" by the planner. Not measured yet: 0.
-  overhead_us_per_step: float = 0.0
   measured_s: float = 0.0
 
   # -- what the planner reads --------------------------------------------------
@@ -123,7 +120,8 @@ class Profile:
 
   @classmethod
   def from_dict(cls, d: dict[str, Any]) -> "Profile":
-    return cls(**d)
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in d.items() if k in names})  # Older files may carry retired keys.
 
   def scaled(self, stage: str, factor: float) -> "Profile":
     """This profile with one stage's costs multiplied (runtime feedback: the stage got heavier)."""
@@ -143,6 +141,37 @@ class Profile:
     elif stage == "assemble":
       for p in d["assemble"]:
         p["cpu_us"] *= factor
+    return Profile.from_dict(d)
+
+  def with_extra(self, stage: str, us_per_step: float) -> "Profile":
+    """This profile with `us_per_step` CPU µs added to every env step of one stage (negative: removed).
+
+    Runtime feedback measures a *change in CPU per env step*, which is additive
+    (a burn of 110 µs per step costs 110 µs whatever the batch), not a factor.
+    A stage never drops below a tenth of its profiled cost: a negative change
+    the noise overstated must not make a stage free.
+    """
+    d = json.loads(json.dumps(self.to_dict()))
+    x = float(us_per_step)
+    if stage == "sim":
+      for p in d["sim"]:
+        new = max(p["cpu_us_per_step"] + x, 0.1 * p["cpu_us_per_step"])
+        # The extra work spreads over the point's cores like the stepping does.
+        wall_us = 1e6 / p["env_steps_per_s"] + (new - p["cpu_us_per_step"]) / p["cores"]
+        p["cpu_us_per_step"], p["env_steps_per_s"] = new, 1e6 / wall_us
+    elif stage == "gen":
+      for p in d["gen"]:
+        p["cpu_us"] = max(p["cpu_us"] + x * p["batch"], 0.1 * p["cpu_us"])
+        p["wall_us"] = max(p["wall_us"] + x * p["batch"], 0.1 * p["wall_us"])
+    elif stage == "train":
+      for p in d["train"]:
+        p["cpu_s"] = max(p["cpu_s"] + x * p["samples"] * 1e-6, 0.1 * p["cpu_s"])
+        p["wall_s"] = max(p["wall_s"] + x * p["samples"] * 1e-6, 0.1 * p["wall_s"])
+    elif stage == "assemble":
+      for p in d["assemble"]:
+        p["cpu_us"] = max(p["cpu_us"] + x * p["batch"], 0.1 * p["cpu_us"])
+    else:
+      raise ValueError(f"unknown stage {stage!r}; stages: sim, gen, train, assemble")
     return Profile.from_dict(d)
 
 
@@ -167,6 +196,7 @@ def measure_sim(cfg, cores: tuple[int, ...], threads: int, batch: int | None, se
   there): sync (batch None) or async recv/send of `batch`."""
   from ebrl.resources import enforce
   from sim_adapters import make_adapter
+  from sim_adapters.envpool_adapter import gather_all
 
   n = cfg.num_envs
   before, mine = enforce.thread_ids(), tuple(sorted(os.sched_getaffinity(0)))
@@ -180,6 +210,9 @@ def measure_sim(cfg, cores: tuple[int, ...], threads: int, batch: int | None, se
   try:
     adapter.reset()
     if batch is None:
+      # The first observations come from recv: a step sent to an env still resetting would
+      # race its reset on another EnvPool worker.
+      gather_all(adapter, n)
       step = lambda: len(adapter.step(rng.uniform(low, high, (n, spec.action_dim)).astype(np.float32)))
 
       def one():
@@ -362,10 +395,49 @@ def load_or_measure(cfg, inventory: Inventory, log=print, **kwargs) -> Profile:
         return p
     except (OSError, ValueError, TypeError, KeyError):
       pass  # A stale or damaged cache entry: measure again.
-  p = measure(cfg, inventory, log=log, **kwargs)
+  p = measure_in_subprocess(cfg, log=log, **kwargs)
   try:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     save(p, path)
   except OSError:
     pass  # A read-only home still trains; it only measures again next time.
   return p
+
+
+def _measure_child(cfg_json: str, out: str, cache_dir: str | None, kwargs: dict[str, Any]) -> None:
+  import jax  # pylint: disable=g-import-not-at-top
+  import ml_collections  # pylint: disable=g-import-not-at-top
+
+  from ebrl.resources.inventory import take_inventory  # pylint: disable=g-import-not-at-top
+  if cache_dir:  # The parent's compilation cache: the run then reuses what calibration compiled.
+    jax.config.update("jax_compilation_cache_dir", cache_dir)
+  cfg = ml_collections.ConfigDict(json.loads(cfg_json))
+  save(measure(cfg, take_inventory(), **kwargs), out)
+
+
+def measure_in_subprocess(cfg, log=print, **kwargs) -> Profile:
+  """`measure` in a fresh process, whose simulators and compiled functions die with it.
+
+  Why a process: the calibration builds and closes a dozen EnvPool pools, and
+  EnvPool's MetaWorld pools have crashed (segfaults in a later pool's `recv`)
+  when a process that closed pools goes on to build more; a run must not bet
+  its life on its own calibration. The child inherits the environment (XLA
+  flags, the compilation cache) and the CPU affinity mask, so it measures what
+  the run will get; its fingerprint is checked like any cached profile's.
+  """
+  import multiprocessing  # pylint: disable=g-import-not-at-top
+  import tempfile  # pylint: disable=g-import-not-at-top
+
+  import jax  # pylint: disable=g-import-not-at-top
+
+  log("[profile] calibrating the stages in a separate process")
+  with tempfile.TemporaryDirectory(prefix="ebrl-profile-") as tmp:
+    out = os.path.join(tmp, "profile.json")
+    proc = multiprocessing.get_context("spawn").Process(
+        target=_measure_child, args=(cfg.to_json(), out, jax.config.jax_compilation_cache_dir, kwargs), name="ebrl-profile")
+    proc.start()
+    proc.join()
+    if proc.exitcode != 0 or not os.path.exists(out):
+      raise RuntimeError(f"the stage calibration process failed (exit code {proc.exitcode}); "
+                         "run `python -m launch.profile` to see its output")
+    return load(out)

@@ -1,0 +1,38 @@
+"""Stage calibration: measured in its own process, cached per machine and run shape."""
+
+from __future__ import annotations
+
+import pytest
+
+from ebrl.resources import profiler
+from ebrl.resources.inventory import take_inventory
+from launch.configs import default
+
+
+def _tiny(env="MetaWorld/Reach-v3", n=4):
+  cfg = default.get_config()
+  cfg.env.name, cfg.num_envs, cfg.rollout_length = env, n, 8
+  cfg.policy.hidden = (16, 16)
+  cfg.algorithm.epochs, cfg.algorithm.num_minibatches = 1, 2
+  return cfg
+
+
+def test_calibration_runs_in_a_child_and_is_cached(tmp_path, monkeypatch):
+  monkeypatch.setenv("EBRL_PROFILE_CACHE", str(tmp_path))
+  cfg, inv, said = _tiny(), take_inventory(), []
+  p = profiler.load_or_measure(cfg, inv, log=said.append, seconds=0.05)
+  assert p.fingerprint == inv.fingerprint() and p.shape == profiler.run_shape(cfg)
+  assert {q["batch"] for q in p.sim} >= {4} and all(q["env_steps_per_s"] > 0 for q in p.sim)
+  assert {q["batch"] for q in p.gen} == {1, 2, 4} and all(q["wall_us"] > 0 for q in p.gen)
+  assert p.train[0]["samples"] == 4 * 8 and p.train[0]["wall_s"] > 0
+  assert p.sim_cpu_us(2) > 0 and p.train_rate() > 0
+  assert any("separate process" in s for s in said)
+  again = profiler.load_or_measure(cfg, inv, log=said.append)  # Same machine and shapes: reused.
+  assert again == p and said[-1].startswith("[profile] reusing")
+
+
+def test_a_failed_calibration_says_so(tmp_path, monkeypatch):
+  monkeypatch.setenv("EBRL_PROFILE_CACHE", str(tmp_path))
+  cfg = _tiny(env="MetaWorld/NoSuchTask-v3")
+  with pytest.raises(RuntimeError, match="calibration process failed"):
+    profiler.load_or_measure(cfg, take_inventory(), log=lambda s: None, seconds=0.05)

@@ -1,23 +1,30 @@
-"""Injected demand shift: from a moment on, every env step costs more CPU.
+"""Injected demand shift: from a moment on, every env step costs more simulator CPU.
 
 Why: the resource manager's claim is that it re-balances when a stage's demand
 changes mid-run (a heavier scene, contact-rich phases, rendering switched on).
 A claim needs a reproducible shift, so this wrapper adds `extra_us` of real
-CPU work per env step to the simulator stage from `at_s` seconds after the
-first reset. The work is matrix products in numpy, which release the GIL like
-EnvPool's own stepping does, so the other stages' threads keep running while
-it burns; physics and every returned row are untouched.
+CPU work to every env step from `at_s` seconds after the first reset; physics
+and every returned row are untouched.
 
-The work is done in `send`, after the actions are handed to the simulator, so
-it overlaps the physics of the envs just sent, as extra per-step work in a
-simulator stage does (observation processing, a contact-rich phase on other
-workers). Burning in `recv` instead would hold every env of the batch idle
-while it burns, a different claim: a serial per-batch cost no core layout can
-overlap.
+Where the work runs matters, so it runs where a heavier simulation would: on
+the simulator's worker threads (one per usable core, like EnvPool's), started
+when the env is sent and finished before the env can be received. A sent
+batch is split across the workers; `recv` hands out an env only once its share
+of the work is done. So the extra cost is parallel across cores and gates
+each env like slower physics does. (Burning in the calling thread instead
+would add a serial per-batch cost no core layout can spread.)
+
+The work is numpy matrix products, timed by the burning thread's CPU clock,
+not the wall clock: a shift is a demand for CPU, and a burn timed by the wall
+would cost less CPU the more the cores are contended. numpy releases the GIL
+inside the products, so other stages' threads keep running.
 """
 
 from __future__ import annotations
 
+import os
+import queue
+import threading
 import time
 
 import numpy as np
@@ -27,49 +34,96 @@ from sim_adapters.base import StepBatch
 _CHUNK = 48  # A 48x48 product: tens of µs, below BLAS's multi-threading threshold.
 
 
+def burn_cpu(seconds: float, a: np.ndarray) -> None:
+  """Spends `seconds` of this thread's CPU time on matrix products."""
+  end = time.thread_time() + seconds
+  x = a
+  while time.thread_time() < end:
+    x = np.tanh(x @ a)
+
+
 class DemandShiftAdapter:
   """Wraps a SimAdapter; rows come back as the inner one returned them, later by the extra work."""
 
-  def __init__(self, inner, at_s: float, extra_us: float):
+  def __init__(self, inner, at_s: float, extra_us: float, workers: int | None = None):
     if at_s < 0 or extra_us < 0:
       raise ValueError(f"demand shift needs at_s >= 0 and extra_us >= 0, got {at_s}, {extra_us}")
     self.inner, self.at_s, self.extra_us = inner, at_s, extra_us
+    self.workers = workers or len(os.sched_getaffinity(0))
     self._start: float | None = None
     self.shifted_at: float | None = None  # time.time() when the shift began (for plots).
     self._a = np.random.default_rng(0).standard_normal((_CHUNK, _CHUNK)).astype(np.float32) / _CHUNK
+    self._work: queue.SimpleQueue = queue.SimpleQueue()
+    self._threads: list[threading.Thread] = []
+    self._done: dict[int, threading.Event] = {}  # env id -> its share of the work finished.
 
   def __getattr__(self, name: str):
     return getattr(self.inner, name)
 
+  def _worker(self) -> None:
+    while True:
+      item = self._work.get()
+      if item is None:
+        return
+      seconds, done = item
+      burn_cpu(seconds, self._a)
+      done.set()
+
   def reset(self) -> None:
+    if not self._threads:  # Started here, so a scheduler that places sim threads adopts them.
+      self._threads = [threading.Thread(target=self._worker, name=f"shift{i}", daemon=True)
+                       for i in range(self.workers)]
+      for th in self._threads:
+        th.start()
     self.inner.reset()
     if self._start is None:
       self._start = time.perf_counter()
 
-  def _burn(self, rows: int) -> None:
-    if self._start is None or time.perf_counter() - self._start < self.at_s or not self.extra_us:
-      return
+  def _shifted(self) -> bool:
+    if self._start is None or not self.extra_us or time.perf_counter() - self._start < self.at_s:
+      return False
     if self.shifted_at is None:
       self.shifted_at = time.time()
-    end = time.perf_counter() + rows * self.extra_us * 1e-6
-    x = self._a
-    while time.perf_counter() < end:
-      x = np.tanh(x @ self._a)
+    return True
 
-  def recv(self) -> StepBatch:
-    return self.inner.recv()
+  def _start_work(self, env_ids: np.ndarray) -> list[threading.Event]:
+    """Splits the work of `env_ids` over the workers; each env waits for its part."""
+    events = []
+    for part in np.array_split(np.asarray(env_ids), min(self.workers, len(env_ids))):
+      done = threading.Event()
+      self._work.put((len(part) * self.extra_us * 1e-6, done))
+      for i in part.tolist():
+        self._done[i] = done
+      events.append(done)
+    return events
 
-  def step(self, actions: np.ndarray) -> StepBatch:
-    b = self.inner.step(actions)  # A barrier step: nothing is in flight to overlap with.
-    self._burn(len(b))
-    return b
+  def _wait_for(self, env_ids: np.ndarray) -> None:
+    for done in {id(e): e for e in (self._done.pop(i, None) for i in env_ids.tolist()) if e is not None}.values():
+      done.wait()
 
   def send(self, actions: np.ndarray, env_ids: np.ndarray) -> None:
     self.inner.send(actions, env_ids)
-    self._burn(len(env_ids))
+    if self._shifted() and len(env_ids):
+      self._start_work(env_ids)
+
+  def recv(self) -> StepBatch:
+    b = self.inner.recv()
+    self._wait_for(b.env_ids)
+    return b
+
+  def step(self, actions: np.ndarray) -> StepBatch:
+    b = self.inner.step(actions)
+    if self._shifted():
+      for done in self._start_work(b.env_ids):
+        done.wait()
+    return b
 
   def can_recv(self) -> bool:
     return self.inner.can_recv()
 
   def close(self) -> None:
+    for _ in self._threads:
+      self._work.put(None)
+    for th in self._threads:
+      th.join(timeout=5.0)
     self.inner.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import random
 from typing import Callable
@@ -9,7 +11,11 @@ from typing import Callable
 import pytest
 
 from ebrl.resources.controller import Controller, Decision, Telemetry
-from ebrl.resources.manager import attribute_cpu_change
+from ebrl.resources.inventory import take_inventory
+from ebrl.resources.manager import ResourceManager, attribute_cpu_change
+from ebrl.resources.planner import stage_costs
+from launch.configs import default
+from test_planner import synthetic
 from ebrl.resources.plan import Plan
 from ebrl.telemetry.shift_plot import demand_shift
 
@@ -213,3 +219,23 @@ def test_attribute_cpu_change_splits_by_how_far_each_stage_moved():
   assert attribute_cpu_change(ref, {**ref, "sim": 20.0, "cpu": 150.0}, 0.25) == {"sim": pytest.approx(-50.0)}
   assert attribute_cpu_change(ref, {**ref, "cpu": 260.0}, 0.25) == {}
   assert attribute_cpu_change({"sim": 1.0}, {"sim": 2.0}, 0.25) == {}  # No CPU measured.
+
+
+def test_manager_replan_adds_the_cpu_change_to_sim_and_plans_with_the_measured_total(tmp_path):
+  """The re-plan's model pays what the run measured per step (stage costs + run overhead);
+  the bound moves by the stage change only."""
+  prof = synthetic(n=64, cores=2)
+  path = tmp_path / "profile.json"
+  path.write_text(json.dumps({"profile": prof.to_dict()}))
+  cfg = default.get_config()
+  cfg.env.name, cfg.num_envs, cfg.scheduler, cfg.resources = "MetaWorld/Reach-v3", 64, "ebrl", "auto"
+  cfg.quotas.profile = str(path)
+  inv = dataclasses.replace(take_inventory(), cpu_cores=(0, 1))
+  mgr = ResourceManager(cfg, log=lambda s: None, inventory=inv)
+  modelled = sum(stage_costs(mgr.profile, mgr.plan.num_groups, mgr.plan.recv_batch).values())
+  bound0 = mgr.bound["cpu_us_per_step"]
+  mgr.controller.reference = {"sim": 20.0, "gen": 5.0, "train": 5.0, "cpu": modelled + 30.0}
+  new = mgr._replan({"sim": 200.0, "gen": 5.0, "train": 5.0, "cpu": modelled + 30.0 + 100.0})
+  assert mgr.bound["cpu_us_per_step"] == pytest.approx(bound0 + 100.0)  # The stage change, not the overhead.
+  assert sum(new.stage_cost_us.values()) == pytest.approx(modelled + 130.0, rel=0.02)
+  assert new.predicted_env_steps_per_s <= 2e6 / (modelled + 130.0) * 1.02

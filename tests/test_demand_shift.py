@@ -36,28 +36,36 @@ class Recording:
   def step(self, actions):
     return self._batch(range(self.n))
 
+  def can_recv(self):
+    return True
 
-def _cpu_of(fn) -> float:
-  t0 = time.thread_time()
-  fn()
-  return time.thread_time() - t0
+  def close(self):
+    self.calls.append("close")
 
 
-def test_shift_costs_cpu_in_send_from_its_moment_on_and_leaves_rows_alone():
+def test_shift_work_runs_on_workers_and_gates_each_env_until_done():
   inner = Recording(16)
-  sim = DemandShiftAdapter(inner, at_s=0.2, extra_us=2000.0)  # 2 ms per env step: 32 ms per 16-env send.
+  sim = DemandShiftAdapter(inner, at_s=0.2, extra_us=2000.0, workers=2)  # 32 ms of CPU per 16-env send.
   sim.reset()
-  before = _cpu_of(lambda: sim.send(np.zeros((16, 2)), np.arange(16)))
-  assert before < 0.01 and sim.shifted_at is None
+  cpu0, t0 = time.process_time(), time.perf_counter()
+  sim.send(np.zeros((16, 2)), np.arange(16))
+  sim.recv()
+  assert time.perf_counter() - t0 < 0.01 and sim.shifted_at is None  # Before the shift: free.
   time.sleep(0.25)
-  after = _cpu_of(lambda: sim.send(np.zeros((16, 2)), np.arange(16)))
-  assert after == pytest.approx(0.032, rel=0.5)  # Real CPU work, not a sleep.
+  cpu0, t0 = time.process_time(), time.perf_counter()
+  main0 = time.thread_time()
+  sim.send(np.zeros((16, 2)), np.arange(16))
+  assert time.thread_time() - main0 < 0.01  # send returns at once: the workers burn.
+  b = sim.recv()  # ... and recv waits until they have.
+  assert time.process_time() - cpu0 == pytest.approx(0.032, rel=0.3)  # Real CPU, not a sleep.
+  assert time.perf_counter() - t0 >= 0.016 * 0.9  # Two workers: at least half of it in wall time.
   assert sim.shifted_at is not None
-  recv_cpu = _cpu_of(sim.recv)
-  assert recv_cpu < 0.01  # recv returns at once: the work overlapped the envs' physics.
-  b = sim.recv()
-  np.testing.assert_array_equal(b.obs["state"][:, 0], np.arange(16))
+  np.testing.assert_array_equal(b.obs["state"][:, 0], np.arange(16))  # Rows untouched.
   assert inner.calls[:2] == ["reset", ("send", 16)]
+  full = sim.step(np.zeros((16, 2)))  # A barrier step pays its share before returning.
+  assert len(full) == 16
+  sim.close()
+  assert not any(th.is_alive() for th in sim._threads)
 
 
 def test_shift_rejects_negative_settings():

@@ -142,7 +142,8 @@ class AsyncScheduler:
         return
       ids, env_actions = reply
       if len(ids):
-        adapter.send(env_actions, ids)
+        with clock.stage("sim", lane=lane):  # Handing actions over is simulator work too.
+          adapter.send(env_actions, ids)
 
   def _send_late(self, g: int, block: bool) -> int:
     """Sends actions generated for this group's parked envs; returns how many."""
@@ -153,7 +154,8 @@ class AsyncScheduler:
       except queue.Empty:
         return sent
       ids, env_actions = item
-      self.groups[g].send(env_actions, ids)
+      with self.t.clock.stage("sim", lane=f"group{g}"):
+        self.groups[g].send(env_actions, ids)
       sent += len(ids)
 
   def _wait(self, q: queue.Queue):

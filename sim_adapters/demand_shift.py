@@ -14,14 +14,18 @@ of the work is done. So the extra cost is parallel across cores and gates
 each env like slower physics does. (Burning in the calling thread instead
 would add a serial per-batch cost no core layout can spread.)
 
-The work is numpy matrix products, timed by the burning thread's CPU clock,
-not the wall clock: a shift is a demand for CPU, and a burn timed by the wall
-would cost less CPU the more the cores are contended. numpy releases the GIL
-inside the products, so other stages' threads keep running.
+The work is SHA-256 over a 64 KiB buffer (about 35 µs a call), timed by the
+burning thread's CPU clock, not the wall clock: a shift is a demand for CPU,
+and a burn timed by the wall would cost less CPU the more the cores are
+contended. hashlib releases the GIL while it hashes buffers over 2 KiB, so
+the burn holds the GIL about as little as EnvPool's C++ workers do; a loop
+of small numpy products held it between every call (a few µs of each 5) and
+slowed every other stage's Python on top of the CPU it took.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import queue
 import threading
@@ -31,15 +35,14 @@ import numpy as np
 
 from sim_adapters.base import StepBatch
 
-_CHUNK = 48  # A 48x48 product: tens of µs, below BLAS's multi-threading threshold.
+_BUFFER = bytes(64 * 1024)
 
 
-def burn_cpu(seconds: float, a: np.ndarray) -> None:
-  """Spends `seconds` of this thread's CPU time on matrix products."""
+def burn_cpu(seconds: float) -> None:
+  """Spends `seconds` of this thread's CPU time hashing, with the GIL released."""
   end = time.thread_time() + seconds
-  x = a
   while time.thread_time() < end:
-    x = np.tanh(x @ a)
+    hashlib.sha256(_BUFFER).digest()
 
 
 class DemandShiftAdapter:
@@ -52,7 +55,6 @@ class DemandShiftAdapter:
     self.workers = workers or len(os.sched_getaffinity(0))
     self._start: float | None = None
     self.shifted_at: float | None = None  # time.time() when the shift began (for plots).
-    self._a = np.random.default_rng(0).standard_normal((_CHUNK, _CHUNK)).astype(np.float32) / _CHUNK
     self._work: queue.SimpleQueue = queue.SimpleQueue()
     self._threads: list[threading.Thread] = []
     self._done: dict[int, threading.Event] = {}  # env id -> its share of the work finished.
@@ -66,7 +68,7 @@ class DemandShiftAdapter:
       if item is None:
         return
       seconds, done = item
-      burn_cpu(seconds, self._a)
+      burn_cpu(seconds)
       done.set()
 
   def reset(self) -> None:

@@ -43,12 +43,13 @@ class Segment:
 
 class TrajectoryAssembler:
 
-  def __init__(self, spec: EnvSpec, num_envs: int, horizon: int, emit: Callable[[Segment], None]):
+  def __init__(self, spec: EnvSpec, num_envs: int, horizon: int, emit: Callable[[Segment], None],
+               action_size: int | None = None):
     n, t = num_envs, horizon
     self.horizon = horizon
     self._emit = emit
     self.obs = {k: np.zeros((n, t + 1) + v.shape, v.dtype) for k, v in spec.obs.items()}
-    self.actions = np.zeros((n, t, spec.action_dim), np.float32)
+    self.actions = np.zeros((n, t, action_size or spec.action_dim), np.float32)  # The policy's raw actions.
     self.logp = np.zeros((n, t), np.float32)
     self.rewards = np.zeros((n, t), np.float32)
     self.terminated = np.zeros((n, t), bool)

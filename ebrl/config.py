@@ -17,6 +17,7 @@ ALGORITHMS = ("ppo",)
 LR_SCHEDULES = ("constant", "linear")
 CORRECTIONS = ("decoupled_ppo", "vtrace")
 RESOURCE_MODES = ("off", "auto", "naive", "manual")
+REWARD_TYPES = ("chunk", "action")  # sim_adapters/chunks.py
 
 
 def _positive(name: str, value) -> None:
@@ -122,6 +123,7 @@ def validate(cfg, num_devices: int) -> None:
       raise UserError(f"num_envs / ebrl.num_groups = {per_group} envs per group must be divisible by the "
                       f"{num_devices} devices of the sim mesh")
   _check_resources(cfg, device)
+  _check_chunks(cfg, device)
   if cfg.env.shift_at_s < 0 or cfg.env.shift_sim_us < 0:
     raise UserError(f"env.shift_at_s={cfg.env.shift_at_s!r} and env.shift_sim_us={cfg.env.shift_sim_us!r} "
                     "must be >= 0")
@@ -131,6 +133,17 @@ def validate(cfg, num_devices: int) -> None:
     check_env_name(cfg.env.name)
   except UnknownEnvError as e:
     raise UserError(str(e)) from None
+
+
+def _check_chunks(cfg, device: bool) -> None:
+  k = cfg.policy.chunk_size
+  if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+    raise UserError(f"policy.chunk_size={k!r} must be an integer >= 1 (actions per decision)")
+  if cfg.env.reward_type not in REWARD_TYPES:
+    raise UserError(f"unknown env.reward_type '{cfg.env.reward_type}'; valid: {', '.join(REWARD_TYPES)}")
+  if k > 1 and device:
+    raise UserError(f"policy.chunk_size={k} runs chunks in host simulators; device env '{cfg.env.name}' "
+                    "steps one action per call (use chunk_size=1)")
 
 
 def _check_resources(cfg, device: bool) -> None:

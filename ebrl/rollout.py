@@ -16,10 +16,11 @@ from sim_adapters.base import EnvSpec, StepBatch
 
 class RolloutBuffer:
 
-  def __init__(self, spec: EnvSpec, num_steps: int, num_envs: int):
+  def __init__(self, spec: EnvSpec, num_steps: int, num_envs: int, action_size: int | None = None):
+    """action_size: the policy's raw action width (default the env's; a flow policy's is wider)."""
     t, n = num_steps, num_envs
     self.obs = {k: np.zeros((t, n) + v.shape, v.dtype) for k, v in spec.obs.items()}
-    self.actions = np.zeros((t, n, spec.action_dim), np.float32)
+    self.actions = np.zeros((t, n, action_size or spec.action_dim), np.float32)
     self.logp = np.zeros((t, n), np.float32)
     self.values = np.zeros((t + 1, n), np.float32)
     self.rewards = np.zeros((t, n), np.float32)

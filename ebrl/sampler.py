@@ -16,12 +16,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from policies.base import Policy
+from policies.base import Policy, action_size
 from sim_adapters.base import EnvSpec
 
 
 class Actions(NamedTuple):
-  action: np.ndarray  # [B, A] raw policy sample (what logp is of)
+  action: np.ndarray  # [B, action_size] raw policy sample (what logp is of)
   env_action: np.ndarray  # [B, A] clipped to the env's action bounds
   logp: np.ndarray  # [B]
   value: np.ndarray  # [B]
@@ -33,13 +33,16 @@ class Sampler:
     self.policy = policy
     low, high = jnp.asarray(spec.action_low), jnp.asarray(spec.action_high)
 
+    a = spec.action_dim
+
     def act(params, obs, key, counter):
+      # The env gets the first action_dim entries (a flow policy's raw action also carries its chain).
       action, logp, value, _ = policy.sample(params, obs, jax.random.fold_in(key, counter))
-      return action, jnp.clip(action, low, high), logp, value
+      return action, jnp.clip(action[..., :a], low, high), logp, value
 
     self._act = jax.jit(act)
     self._value = jax.jit(lambda params, obs: policy.evaluate(
-        params, obs, jnp.zeros(obs[next(iter(obs))].shape[:1] + (spec.action_dim,)))[2])
+        params, obs, jnp.zeros(obs[next(iter(obs))].shape[:1] + (action_size(policy, spec),)))[2])
     self._key = jax.random.key(seed)
     self._counter = 0
     self._lock = threading.Lock()

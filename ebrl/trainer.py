@@ -29,6 +29,7 @@ from ebrl.telemetry.stages import StageClock
 from ebrl.telemetry.trace import Tracer
 from ebrl.telemetry.writers import MetricsWriter, read_jsonl, write_json
 from policies import IncompatibleObservationError, make_policy
+from policies.base import action_size
 from sim_adapters import is_device_env, make_env_groups
 from sim_adapters.envpool_adapter import UnsupportedEnvError
 
@@ -37,7 +38,7 @@ def learner_config(cfg) -> LearnerConfig:
   a = cfg.algorithm
   per_update = cfg.num_envs * cfg.rollout_length
   return LearnerConfig(
-      gamma=a.gamma, gae_lambda=a.gae_lambda, epochs=a.epochs, num_minibatches=a.num_minibatches,
+      gamma=chunk_gamma(cfg), gae_lambda=a.gae_lambda, epochs=a.epochs, num_minibatches=a.num_minibatches,
       learning_rate=a.learning_rate, lr_schedule=a.lr_schedule,
       total_updates=max(1, math.ceil(cfg.total_env_steps / per_update)),
       max_grad_norm=a.max_grad_norm, reward_scale=a.reward_scale, max_staleness=cfg.ebrl.max_staleness,
@@ -45,6 +46,14 @@ def learner_config(cfg) -> LearnerConfig:
       ppo=PPOConfig(clip_eps=a.clip_eps, value_clip_eps=a.value_clip_eps, vf_coef=a.vf_coef,
                     ent_coef=a.ent_coef, normalize_advantages=a.normalize_advantages,
                     behaviour_weight_clip=a.behaviour_weight_clip))
+
+
+def chunk_gamma(cfg) -> float:
+  """The learner's discount per transition. One transition is one chunk of K actions; with
+  reward_type=action the chunk's reward is already discounted per action, so the next chunk is
+  K actions away: gamma^K (the semi-MDP view). reward_type=chunk treats a chunk as one step."""
+  k = cfg.policy.chunk_size
+  return cfg.algorithm.gamma ** k if k > 1 and cfg.env.reward_type == "action" else cfg.algorithm.gamma
 
 
 def _finite_or_none(x: float):
@@ -86,6 +95,7 @@ class Trainer:
     with open(os.path.join(self.workdir, "config.json"), "w") as f:
       f.write(cfg.to_json_best_effort(indent=2))
 
+    self.action_size = action_size(self.policy, self.spec)
     self.learner = Learner(self.policy, learner_config(cfg))
     self.sampler = Sampler(self.policy, self.spec, seed=cfg.seed + 1)
     self.tracker = EpisodeTracker(cfg.num_envs, self.spec.has_success)
@@ -131,7 +141,9 @@ class Trainer:
             render_size=cfg.env.render_size, straggler_fraction=cfg.env.straggler_fraction,
             straggler_slowdown=cfg.env.straggler_slowdown,
             straggler_step_s=cfg.env.straggler_step_ms / 1000.0 or None,
-            shift_at_s=cfg.env.shift_at_s, shift_sim_us=cfg.env.shift_sim_us, **placement)
+            shift_at_s=cfg.env.shift_at_s, shift_sim_us=cfg.env.shift_sim_us,
+            chunk_size=cfg.policy.chunk_size, reward_type=cfg.env.reward_type, gamma=cfg.algorithm.gamma,
+            **placement)
     except (UnsupportedEnvError, ValueError) as e:
       raise UserError(str(e)) from None
     # One group is the plain single-adapter case the sync and random schedulers drive.
@@ -201,6 +213,11 @@ class Trainer:
   def wall_s(self) -> float:
     return self.prior_wall_s + time.time() - self.launch_time
 
+  def sim_steps(self) -> int:
+    """Physics steps taken; with action chunks env_steps counts decisions (one per chunk)."""
+    adapters = list(self.groups) if self.groups is not None else [self.adapter]
+    return sum(int(getattr(a, "sim_steps", 0)) for a in adapters)
+
   def add_env_steps(self, n: int) -> None:
     self.env_steps += n
 
@@ -257,6 +274,7 @@ class Trainer:
         "time_train_s": stages["train"],
         "time_other_s": max(0.0, elapsed - sum(stages.values())),
         "nan_resets": self.adapter.nan_resets,
+        **({"sim_steps": self.sim_steps()} if self.cfg.policy.chunk_size > 1 else {}),
         **metrics,
         **(self.resources.metrics() if self.resources is not None else {}),
     }

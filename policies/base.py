@@ -38,6 +38,13 @@ class Policy(Protocol):
     ...
 
 
+def action_size(policy, spec: EnvSpec) -> int:
+  """Width of the policy's raw action: the env's action_dim, or more when the policy keeps what its
+  log-prob needs beside the action (a flow policy's denoising chain). The env gets the first
+  spec.action_dim entries."""
+  return int(getattr(policy, "action_size", spec.action_dim))
+
+
 def check_compatible(policy_name: str, needs: tuple[str, ...], spec: EnvSpec) -> None:
   """Raises IncompatibleObservationError when the env lacks a key the policy reads."""
   missing = [k for k in needs if k not in spec.obs]

@@ -53,7 +53,8 @@ def make_adapter(name: str, num_envs: int, *, batch_size: int | None = None, num
                  thread_affinity_offset: int = -1, seed: int = 0, max_episode_steps: int = 0,
                  from_pixels: bool = False, render_size: int = 64,
                  straggler_fraction: float = 0.0, straggler_slowdown: float = 1.0,
-                 straggler_step_s: float | None = None, shift_at_s: float = 0.0, shift_sim_us: float = 0.0):
+                 straggler_step_s: float | None = None, shift_at_s: float = 0.0, shift_sim_us: float = 0.0,
+                 chunk_size: int = 1, reward_type: str = "chunk", gamma: float = 0.99):
   """Builds the adapter for `name` (checked first, so errors come before any work).
 
   No env is reset here: the first reset happens when a scheduler starts, so a
@@ -64,6 +65,10 @@ def make_adapter(name: str, num_envs: int, *, batch_size: int | None = None, num
 
   if mjx.is_device_env(name):
     raise UnknownEnvError(f"env '{name}' is a device simulator: build it with sim_adapters.mjx.make_device_sim")
+  if chunk_size > 1 and batch_size is None:
+    # Chunks run per env (sim_adapters/chunks.py): a synchronous `step` gathers envs one by
+    # one as their chunks end, which an EnvPool waiting for whole batches could not return.
+    batch_size = 1
   kwargs = dict(batch_size=batch_size, num_threads=num_threads,
                 thread_affinity_offset=thread_affinity_offset, seed=seed,
                 max_episode_steps=max_episode_steps)
@@ -86,6 +91,9 @@ def make_adapter(name: str, num_envs: int, *, batch_size: int | None = None, num
   if shift_sim_us:
     from sim_adapters.demand_shift import DemandShiftAdapter
     adapter = DemandShiftAdapter(adapter, shift_at_s, shift_sim_us)
+  if chunk_size > 1:
+    from sim_adapters.chunks import ChunkAdapter
+    adapter = ChunkAdapter(adapter, chunk_size, reward_type, gamma)
   return adapter
 
 

@@ -36,6 +36,7 @@ class EnvSpec:
   max_episode_steps: int
   has_success: bool
   num_tasks: int = 1
+  chunk_size: int = 1  # Actions per decision: action_dim = chunk_size x one step's dims.
 
 
 @dataclasses.dataclass

@@ -37,6 +37,10 @@ CASES = {
     "manual_cores_not_usable": (["--config.scheduler=ebrl", "--config.resources=manual", "--config.quotas.sim_cores=0-999",
                                  "--config.quotas.gen_cores=0", "--config.quotas.train_cores=0"],
                                 "quotas.sim_cores='0-999' names cores"),
+    "bad_chunk_size": (["--config.policy.chunk_size=0"], "policy.chunk_size=0 must be an integer >= 1"),
+    "unknown_reward_type": (["--config.env.reward_type=step"], "valid: chunk, action"),
+    "chunks_on_device_env": (["--config.env.name=mjx:CartpoleBalance", "--config.policy.chunk_size=4"],
+                             "runs chunks in host simulators"),
     "missing_profile": (["--config.scheduler=ebrl", "--config.quotas.profile=nope.json"], "quotas.profile='nope.json'"),
 }
 

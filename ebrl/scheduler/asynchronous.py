@@ -76,7 +76,8 @@ class AsyncScheduler:
       self._apply_plan(self.resources.plan)
       self.resources.listeners.append(self._apply_plan)
     self.queue = TrajectoryQueue(cfg.segments_per_update or t.cfg.num_envs, cfg.max_staleness)
-    self.assembler = TrajectoryAssembler(t.spec, t.cfg.num_envs, t.cfg.rollout_length, self.queue.put)
+    self.assembler = TrajectoryAssembler(t.spec, t.cfg.num_envs, t.cfg.rollout_length, self.queue.put,
+                                         t.action_size)
     self._ready: queue.Queue = queue.Queue()
     self._replies = [queue.Queue() for _ in range(len(self.groups))]
     self._late = [queue.Queue() for _ in range(len(self.groups))]

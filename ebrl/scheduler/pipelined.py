@@ -29,7 +29,7 @@ class PipelinedScheduler:
     horizon, n = t.cfg.rollout_length, groups.num_envs
     stages = range(len(groups))
     cols = [slice(int(o), int(o) + groups[s].num_envs) for s, o in enumerate(groups.offsets)]
-    buf = RolloutBuffer(t.spec, horizon, n)
+    buf = RolloutBuffer(t.spec, horizon, n, t.action_size)
     obs = []
     for s in stages:
       with clock.stage("sim", lane=f"stage{s}"):

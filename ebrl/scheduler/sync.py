@@ -23,7 +23,7 @@ class SyncScheduler:
     t = self.t
     cfg, adapter, sampler, clock = t.cfg, t.adapter, t.sampler, t.clock
     n, horizon = cfg.num_envs, cfg.rollout_length
-    buf = RolloutBuffer(t.spec, horizon, n)
+    buf = RolloutBuffer(t.spec, horizon, n, t.action_size)
     with clock.stage("sim"):
       adapter.reset()
       first = gather_all(adapter, n)

@@ -24,6 +24,9 @@ def get_config() -> ml_collections.ConfigDict:
       # step costs shift_sim_us more CPU in the simulator stage (0 = never).
       shift_at_s=0.0,
       shift_sim_us=0.0,
+      # With action chunks (policy.chunk_size > 1): a chunk's reward is the sum of its actions'
+      # rewards ("chunk"), or their discounted sum with gamma^K between chunks ("action").
+      reward_type="chunk",
   ))
   c.num_envs = 32
   c.rollout_length = 32  # T: steps per env between updates.
@@ -31,7 +34,12 @@ def get_config() -> ml_collections.ConfigDict:
   c.target_success = 0.9
   c.seed = 0
   c.scheduler = "sync"
-  c.policy = ml_collections.ConfigDict(dict(name="mlp", hidden=(64, 64), init_log_std=-0.5))
+  c.policy = ml_collections.ConfigDict(dict(
+      name="mlp",
+      hidden=(64, 64),
+      init_log_std=-0.5,
+      chunk_size=1,  # Actions per decision; every env executes its chunk and returns on its own.
+  ))
   c.algorithm = ml_collections.ConfigDict(dict(
       name="ppo",
       gamma=0.99,

@@ -13,11 +13,12 @@ from ebrl.errors import UserError
 SCHEDULERS = ("sync", "pipelined", "ebrl", "random")
 # Device simulators (mjx:..., brax:...) have no host env stages to pipeline.
 DEVICE_SCHEDULERS = ("sync", "ebrl", "random")
-ALGORITHMS = ("ppo",)
+ALGORITHMS = ("ppo", "grpo")
 LR_SCHEDULES = ("constant", "linear")
 CORRECTIONS = ("decoupled_ppo", "vtrace")
 RESOURCE_MODES = ("off", "auto", "naive", "manual")
 REWARD_TYPES = ("chunk", "action")  # sim_adapters/chunks.py
+VLA_DECODES = ("parallel", "autoregressive")
 
 
 def _positive(name: str, value) -> None:
@@ -124,6 +125,8 @@ def validate(cfg, num_devices: int) -> None:
                       f"{num_devices} devices of the sim mesh")
   _check_resources(cfg, device)
   _check_chunks(cfg, device)
+  _check_policy(cfg)
+  _check_grpo_and_warm_start(cfg, device)
   if cfg.env.shift_at_s < 0 or cfg.env.shift_sim_us < 0:
     raise UserError(f"env.shift_at_s={cfg.env.shift_at_s!r} and env.shift_sim_us={cfg.env.shift_sim_us!r} "
                     "must be >= 0")
@@ -133,6 +136,44 @@ def validate(cfg, num_devices: int) -> None:
     check_env_name(cfg.env.name)
   except UnknownEnvError as e:
     raise UserError(str(e)) from None
+
+
+def _check_grpo_and_warm_start(cfg, device: bool) -> None:
+  if cfg.algorithm.name == "grpo":
+    g = cfg.algorithm.group_size
+    if not isinstance(g, int) or isinstance(g, bool) or g < 2:
+      raise UserError(f"algorithm.group_size={g!r} must be an integer >= 2 for algorithm.name=grpo "
+                      "(envs per same-seed group)")
+    if cfg.num_envs % g:
+      raise UserError(f"algorithm.group_size={g} must divide num_envs={cfg.num_envs}")
+    if cfg.scheduler != "sync":
+      raise UserError(f"algorithm.name=grpo needs scheduler=sync (got '{cfg.scheduler}'): it compares the envs of "
+                      "a group at the same step, which the other schedulers do not keep aligned")
+    if device or cfg.env.name == "MetaWorld/MT10":
+      raise UserError(f"algorithm.name=grpo needs one EnvPool with per-env seeds; env '{cfg.env.name}' "
+                      "is not supported")
+  if cfg.warm_start and not os.path.isdir(cfg.warm_start):
+    raise UserError(f"warm_start='{cfg.warm_start}' is not a directory; give a launch.train workdir (or one of "
+                    "its checkpoints) or a launch.bc --out directory")
+
+
+def _check_policy(cfg) -> None:
+  p = cfg.policy
+  if p.name == "vla":
+    if p.decode not in VLA_DECODES:
+      raise UserError(f"unknown policy.decode '{p.decode}'; valid: {', '.join(VLA_DECODES)}")
+    for key in ("bins", "width", "depth", "heads"):
+      if not isinstance(p[key], int) or p[key] < (2 if key == "bins" else 1):
+        raise UserError(f"policy.{key}={p[key]!r} must be an integer >= {2 if key == 'bins' else 1}")
+    if p.width % p.heads:
+      raise UserError(f"policy.width={p.width} must be a multiple of policy.heads={p.heads}")
+  if p.name == "flow":
+    if not isinstance(p.flow_steps, int) or p.flow_steps < 1:
+      raise UserError(f"policy.flow_steps={p.flow_steps!r} must be an integer >= 1")
+    if not -4.0 < p.flow_init_log_std < 0.0:
+      raise UserError(f"policy.flow_init_log_std={p.flow_init_log_std!r} must be in (-4, 0)")
+  if p.name == "cnn" and any(c <= 0 for c in p.channels):
+    raise UserError(f"policy.channels={tuple(p.channels)} must be positive channel counts")
 
 
 def _check_chunks(cfg, device: bool) -> None:

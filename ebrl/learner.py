@@ -10,6 +10,12 @@ A minibatch whose loss or gradient is not finite is skipped: params and
 optimiser state stay as they were and `skipped_updates` counts it. The
 observation normaliser is updated after the epochs, so the ratio at the first
 epoch is exactly 1 against the behaviour policy.
+
+With `algorithm="grpo"` the on-policy update is critic-free: advantages are
+group-relative returns over `group_size` consecutive same-seed envs
+(ebrl/algorithms/grpo.py), already normalised per group, and there is no value
+loss; clipping, masking and minibatches are PPO's. Segment batches (the async
+schedulers) have no aligned groups, so `update_segments` rejects grpo.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from ebrl.algorithms.gae import gae
+from ebrl.algorithms.grpo import group_relative_advantages
 from ebrl.algorithms.ppo import PPOConfig, ppo_loss
 from ebrl.algorithms.vtrace import vtrace
 from ebrl.trajectory_queue import fresh_mask
@@ -48,6 +55,10 @@ class LearnerConfig:
   correction: str = "decoupled_ppo"
   vtrace_rho_clip: float = 1.0
   vtrace_c_clip: float = 1.0
+  # "ppo" (GAE advantages, value loss) or "grpo": critic-free group-relative advantages over
+  # `group_size` consecutive same-seed envs (ebrl/algorithms/grpo.py); on-policy `update` only.
+  algorithm: str = "ppo"
+  group_size: int = 1
   ppo: PPOConfig = PPOConfig()
 
 
@@ -81,6 +92,10 @@ class Learner:
   """Owns the jitted update; `update` takes host or device rollouts."""
 
   def __init__(self, policy: Policy, cfg: LearnerConfig, mesh: Mesh | None = None):
+    if cfg.algorithm not in ("ppo", "grpo"):
+      raise ValueError(f"unknown learner algorithm '{cfg.algorithm}'; valid: ppo, grpo")
+    if cfg.algorithm == "grpo" and cfg.group_size < 2:
+      raise ValueError(f"grpo needs group_size >= 2 (got {cfg.group_size}): a group of one env has no baseline")
     self.policy = policy
     self.cfg = cfg
     self.mesh = mesh or make_mesh()
@@ -100,6 +115,9 @@ class Learner:
 
   def update_segments(self, state: TrainState, batch: SegmentBatch) -> tuple[TrainState, dict]:
     """Off-policy update (decoupled PPO or V-trace) from segments produced by older versions."""
+    if self.cfg.algorithm == "grpo":
+      raise ValueError("grpo compares the envs of a group at the same time index, which segments from "
+                       "independent envs do not have; use the on-policy `update` (scheduler=sync)")
     return self._update_segments(state, self.place(batch))
 
   def _segments_fn(self, state: TrainState, sb: SegmentBatch) -> tuple[TrainState, dict]:
@@ -129,7 +147,15 @@ class Learner:
   def _update_fn(self, state: TrainState, ro: Rollout, behaviour_logp: jax.Array | None = None,
                  targets: tuple[jax.Array, jax.Array] | None = None) -> tuple[TrainState, dict]:
     cfg, policy = self.cfg, self.policy
-    if targets is None:
+    ppo_cfg = cfg.ppo
+    if targets is None and cfg.algorithm == "grpo":
+      # Critic-free: the group mean is the baseline and the advantages are already normalised
+      # per group; the value head gets no loss (its targets are its own old predictions).
+      adv = group_relative_advantages(ro.rewards * cfg.reward_scale, _cut(ro.done, ro.valid), ro.valid,
+                                      cfg.group_size, cfg.gamma)
+      returns = ro.values[:-1]
+      ppo_cfg = dataclasses.replace(cfg.ppo, vf_coef=0.0, normalize_advantages=False)
+    elif targets is None:
       rewards = ro.rewards * cfg.reward_scale
       adv, returns = gae(rewards, ro.values, ro.terminated, _cut(ro.done, ro.valid), cfg.gamma, cfg.gae_lambda)
     else:
@@ -145,7 +171,7 @@ class Learner:
 
     def loss_fn(net, params, b):
       logp, entropy, value = policy.evaluate({**params, "net": net}, b["obs"], b["actions"])
-      return ppo_loss(cfg.ppo, logp, entropy, value, b["logp"], b["values"], b["adv"], b["returns"], b["mask"],
+      return ppo_loss(ppo_cfg, logp, entropy, value, b["logp"], b["values"], b["adv"], b["returns"], b["mask"],
                       b.get("behaviour_logp"))
 
     def minibatch_step(carry, b):

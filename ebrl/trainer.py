@@ -42,6 +42,7 @@ def learner_config(cfg) -> LearnerConfig:
       learning_rate=a.learning_rate, lr_schedule=a.lr_schedule,
       total_updates=max(1, math.ceil(cfg.total_env_steps / per_update)),
       max_grad_norm=a.max_grad_norm, reward_scale=a.reward_scale, max_staleness=cfg.ebrl.max_staleness,
+      algorithm=a.name, group_size=a.group_size,
       correction=a.correction, vtrace_rho_clip=a.vtrace_rho_clip, vtrace_c_clip=a.vtrace_c_clip,
       ppo=PPOConfig(clip_eps=a.clip_eps, value_clip_eps=a.value_clip_eps, vf_coef=a.vf_coef,
                     ent_coef=a.ent_coef, normalize_advantages=a.normalize_advantages,
@@ -89,9 +90,9 @@ class Trainer:
     self.spec = self.adapter.spec
     try:
       self.policy = make_policy(cfg.policy.name, self.spec, cfg.policy)
-    except IncompatibleObservationError as e:
+    except (IncompatibleObservationError, ValueError) as e:
       self.adapter.close()
-      raise UserError(str(e)) from None
+      raise UserError(f"policy '{cfg.policy.name}': {e}") from None
     with open(os.path.join(self.workdir, "config.json"), "w") as f:
       f.write(cfg.to_json_best_effort(indent=2))
 
@@ -104,6 +105,15 @@ class Trainer:
     self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"), keep=cfg.keep_checkpoints,
                                      warn=lambda m: tqdm.tqdm.write(m))
     self.state = self.learner.init(jax.random.PRNGKey(cfg.seed))
+    if cfg.warm_start and not cfg.resume:  # A resumed run keeps its own params.
+      from ebrl.warm_start import load_params
+      try:
+        params = load_params(cfg.warm_start, self.state.params)
+      except ValueError as e:
+        self.adapter.close()
+        raise UserError(str(e)) from None
+      self.state = self.state.replace(params=params)
+      tqdm.tqdm.write(f"warm start: policy params from {cfg.warm_start}")
     self.env_steps = 0
     self.prior_wall_s = 0.0  # Wall time of earlier launches of this run (resume).
     self.time_to_success_s = None
@@ -143,6 +153,7 @@ class Trainer:
             straggler_step_s=cfg.env.straggler_step_ms / 1000.0 or None,
             shift_at_s=cfg.env.shift_at_s, shift_sim_us=cfg.env.shift_sim_us,
             chunk_size=cfg.policy.chunk_size, reward_type=cfg.env.reward_type, gamma=cfg.algorithm.gamma,
+            env_group_size=cfg.algorithm.group_size if cfg.algorithm.name == "grpo" else 1,
             **placement)
     except (UnsupportedEnvError, ValueError) as e:
       raise UserError(str(e)) from None

@@ -1,19 +1,47 @@
-"""Flax policies behind one contract; `make_policy` builds one by name."""
+"""Flax policies behind one contract; `make_policy` builds one by name.
+
+  mlp   Gaussian actor-critic on state (chunks: one Gaussian over the K*A chunk);
+  cnn   convolutional encoder on pixels (+ state), Gaussian actor-critic;
+  vla   transformer over state, instruction and image tokens to discrete action tokens;
+  flow  flow-matching action expert with a noise-injected, exactly scored sampling chain.
+"""
 
 from __future__ import annotations
 
 from policies.base import IncompatibleObservationError, Policy
 from sim_adapters.base import EnvSpec
 
-POLICY_NAMES = ("mlp",)
+POLICY_NAMES = ("mlp", "cnn", "vla", "flow")
+
+
+def instructions_for(spec: EnvSpec) -> list[str] | None:
+  """One instruction per task id (MetaWorld/MT10), or the single task's own, for language tokens."""
+  from sim_adapters.multitask import MT10_TASKS
+  if spec.name == "MetaWorld/MT10":
+    return list(MT10_TASKS.values())
+  task = spec.name.split("/", 1)[-1]
+  return [MT10_TASKS[task]] if task in MT10_TASKS else None
 
 
 def make_policy(name: str, spec: EnvSpec, cfg) -> Policy:
   """Builds policy `name` for env `spec`; cfg is the config's `policy` section."""
+  k = int(cfg.get("chunk_size", 1))
   if name == "mlp":
     from policies.mlp import MLPPolicy
     return MLPPolicy(spec, hidden=tuple(cfg.hidden), init_log_std=float(cfg.init_log_std))
+  if name == "cnn":
+    from policies.cnn import CNNPolicy
+    return CNNPolicy(spec, channels=tuple(cfg.channels), hidden=tuple(cfg.hidden),
+                     init_log_std=float(cfg.init_log_std))
+  if name == "vla":
+    from policies.vla import VLAPolicy
+    return VLAPolicy(spec, chunk_size=k, bins=int(cfg.bins), width=int(cfg.width), depth=int(cfg.depth),
+                     heads=int(cfg.heads), decode=str(cfg.decode), instructions=instructions_for(spec))
+  if name == "flow":
+    from policies.flow import FlowPolicy
+    return FlowPolicy(spec, chunk_size=k, steps=int(cfg.flow_steps), hidden=tuple(cfg.hidden),
+                      init_log_std=float(cfg.flow_init_log_std))
   raise ValueError(f"unknown policy '{name}'; valid: {', '.join(POLICY_NAMES)}")
 
 
-__all__ = ["IncompatibleObservationError", "POLICY_NAMES", "Policy", "make_policy"]
+__all__ = ["IncompatibleObservationError", "POLICY_NAMES", "Policy", "instructions_for", "make_policy"]

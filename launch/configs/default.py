@@ -39,9 +39,18 @@ def get_config() -> ml_collections.ConfigDict:
       hidden=(64, 64),
       init_log_std=-0.5,
       chunk_size=1,  # Actions per decision; every env executes its chunk and returns on its own.
+      channels=(16, 32, 32),  # cnn: conv channels (strided 3x3 / 4x4 layers on 64x64 pixels).
+      bins=256,  # vla: action token bins per dimension (OpenVLA).
+      width=64,  # vla: token width.
+      depth=2,  # vla: transformer blocks.
+      heads=4,  # vla: attention heads.
+      decode="parallel",  # vla: "parallel" (OpenVLA-OFT) or "autoregressive" action tokens.
+      flow_steps=4,  # flow: noisy Euler steps of the sampling chain.
+      flow_init_log_std=-1.0,  # flow: initial log noise scale per step.
   ))
   c.algorithm = ml_collections.ConfigDict(dict(
-      name="ppo",
+      name="ppo",  # "ppo" or "grpo" (critic-free group-relative advantages; scheduler=sync only)
+      group_size=8,  # grpo: consecutive envs sharing an env seed (same initial states); divides num_envs
       gamma=0.99,
       gae_lambda=0.95,
       clip_eps=0.2,
@@ -85,6 +94,7 @@ def get_config() -> ml_collections.ConfigDict:
       train_cores="",
       sim_threads=0,  # resources=manual: EnvPool threads per pool; 0 = one per sim core.
   ))
+  c.warm_start = ""  # Policy params to start from: a launch.train workdir/checkpoint or a launch.bc --out dir.
   c.resume = False
   c.log_every_s = 2.0
   c.checkpoint_every_s = 30.0

@@ -1,0 +1,237 @@
+"""Warm starts: behaviour cloning, params on disk (launch.bc's and the trainer's), the launch.bc CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ebrl import warm_start
+from ebrl.checkpointing import Checkpointer
+from ebrl.learner import Learner, LearnerConfig
+from policies.mlp import MLPPolicy
+from sim_adapters.base import EnvSpec, ObsSpec
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OBS_DIM, ACTION_DIM = 5, 2
+
+
+def tiny_spec() -> EnvSpec:
+  return EnvSpec(name="tiny", obs={"state": ObsSpec((OBS_DIM,), np.float32)}, action_dim=ACTION_DIM,
+                 action_low=-np.ones(ACTION_DIM, np.float32), action_high=np.ones(ACTION_DIM, np.float32),
+                 max_episode_steps=10, has_success=False)
+
+
+def linear_demos(m=512, seed=0):
+  rng = np.random.default_rng(seed)
+  obs = rng.normal(1.0, 2.0, (m, OBS_DIM)).astype(np.float32)  # Off-centre: the normaliser matters.
+  w = rng.normal(0.0, 0.2, (OBS_DIM, ACTION_DIM)).astype(np.float32)
+  actions = (obs - 1.0) @ w + np.float32(0.3)
+  return {"obs": {"state": obs}, "actions": actions.astype(np.float32)}
+
+
+def tree_equal(a, b) -> bool:
+  la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+  return (jax.tree.structure(a) == jax.tree.structure(b)
+          and all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(la, lb)))
+
+
+# ----------------------------------------------------------------------------- behaviour cloning
+
+
+def test_bc_fits_linear_map():
+  policy = MLPPolicy(tiny_spec(), hidden=(32, 32))
+  demos = linear_demos()
+  params0 = policy.init(jax.random.key(0))
+  mean0 = policy._forward(policy.update_normalizer(params0, demos["obs"], jnp.ones(512)), demos["obs"])[0]
+  mse0 = float(np.mean(np.square(np.asarray(mean0) - demos["actions"])))
+  params, losses = warm_start.bc_train(policy, params0, demos, steps=600, batch_size=128, learning_rate=3e-3,
+                                       key=jax.random.key(1))
+  assert losses.shape == (600,) and np.all(np.isfinite(losses))
+  mean = np.asarray(policy._forward(params, demos["obs"])[0])
+  mse = float(np.mean(np.square(mean - demos["actions"])))
+  assert mse < 0.02 * mse0 and mse < 2e-3, (mse0, mse)
+  # The Gaussian NLL at a fixed std: its floor is sum(log_std + log(2 pi) / 2); the excess shrinks a lot.
+  floor = float(np.sum(np.asarray(params0["net"]["log_std"]) + 0.5 * np.log(2 * np.pi)))
+  assert losses[-50:].mean() - floor < 0.05 * (losses[:10].mean() - floor)
+  # log_std is frozen by default; the normaliser saw every demo row exactly once.
+  np.testing.assert_array_equal(np.asarray(params["net"]["log_std"]), np.asarray(params0["net"]["log_std"]))
+  assert float(params["obs_norm"].count) == 512.0
+  np.testing.assert_allclose(np.asarray(params["obs_norm"].mean), demos["obs"]["state"].mean(0), rtol=1e-4)
+
+
+def test_bc_prefers_flow_matching_loss():
+  calls = []
+
+  class FlowLike:
+    """An MLP whose `evaluate` must not be used: BC must call flow_matching_loss."""
+    name = "flowlike"
+
+    def __init__(self):
+      self.mlp = MLPPolicy(tiny_spec(), hidden=(16,))
+
+    def init(self, key):
+      return self.mlp.init(key)
+
+    def update_normalizer(self, params, obs, weight):
+      return self.mlp.update_normalizer(params, obs, weight)
+
+    def evaluate(self, params, obs, action):
+      raise AssertionError("evaluate used instead of flow_matching_loss")
+
+    def flow_matching_loss(self, params, obs, actions, key):
+      calls.append(key)
+      return jnp.mean(jnp.square(self.mlp._forward(params, obs)[0] - actions))
+
+  policy = FlowLike()
+  demos = linear_demos(m=256)
+  _, losses = warm_start.bc_train(policy, policy.init(jax.random.key(0)), demos, steps=300, batch_size=64,
+                                  learning_rate=3e-3, key=jax.random.key(2), chunk=100)
+  assert calls and losses[-20:].mean() < 0.1 * losses[:5].mean()
+
+
+def test_bc_rejects_ragged_demos():
+  policy = MLPPolicy(tiny_spec(), hidden=(8,))
+  demos = linear_demos(m=64)
+  demos["obs"]["state"] = demos["obs"]["state"][:60]
+  with pytest.raises(ValueError, match="60 rows but 'actions' has 64"):
+    warm_start.bc_train(policy, policy.init(jax.random.key(0)), demos, 10, 8, 1e-3, jax.random.key(0))
+
+
+# ----------------------------------------------------------------------------- params on disk
+
+
+def test_load_params_round_trip_from_bc_saver(tmp_path):
+  policy = MLPPolicy(tiny_spec(), hidden=(16, 16))
+  params = policy.update_normalizer(policy.init(jax.random.key(3)), linear_demos()["obs"], jnp.ones(512))
+  path = warm_start.save_params(str(tmp_path / "bc"), params, {"note": "test"})
+  assert path == str(tmp_path / "bc" / "params")
+  assert json.loads((tmp_path / "bc" / "bc.json").read_text()) == {"note": "test"}
+  loaded = warm_start.load_params(str(tmp_path / "bc"), policy.init(jax.random.key(4)))
+  assert tree_equal(loaded, params)
+  with pytest.raises(ValueError, match="never overwritten"):
+    warm_start.save_params(str(tmp_path / "bc"), params)
+
+
+def test_load_params_from_trainer_checkpoint(tmp_path):
+  policy = MLPPolicy(tiny_spec(), hidden=(16, 16))
+  learner = Learner(policy, LearnerConfig())
+  state = learner.init(jax.random.key(5))
+  state = state.replace(params=policy.update_normalizer(state.params, linear_demos()["obs"], jnp.ones(512)))
+  ckpt = Checkpointer(str(tmp_path / "run" / "checkpoints"), warn=lambda m: None)
+  ckpt.save(100, state, {"env_steps": 100})
+  ckpt.close()
+  template = learner.init(jax.random.key(6)).params
+  for path in (tmp_path / "run", tmp_path / "run" / "checkpoints", tmp_path / "run" / "checkpoints" / "100"):
+    loaded = warm_start.load_params(str(path), template)
+    assert tree_equal(loaded, state.params), path
+    # Placed like the template (the learner's replicated sharding).
+    assert all(a.sharding == b.sharding for a, b in zip(jax.tree.leaves(loaded), jax.tree.leaves(template)))
+
+
+def test_shape_mismatch_names_leaf_and_shapes(tmp_path):
+  small = MLPPolicy(tiny_spec(), hidden=(8,))
+  warm_start.save_params(str(tmp_path / "bc"), small.init(jax.random.key(0)))
+  big = MLPPolicy(tiny_spec(), hidden=(16,))
+  with pytest.raises(ValueError) as err:
+    warm_start.load_params(str(tmp_path / "bc"), big.init(jax.random.key(0)))
+  msg = str(err.value)
+  assert "\n" not in msg
+  assert "'net/actor/Dense_0/bias' has shape (8,) in the checkpoint but (16,) in the policy" in msg
+  deep = MLPPolicy(tiny_spec(), hidden=(8, 8)).init(jax.random.key(0))
+  with pytest.raises(ValueError, match=r"'net/actor/Dense_1/bias' has shape \(2,\) in the checkpoint but \(8,\)"):
+    warm_start.load_params(str(tmp_path / "bc"), deep)
+  more = small.init(jax.random.key(0))
+  more = {**more, "net": {**more["net"], "extra": jnp.zeros(3)}}
+  with pytest.raises(ValueError, match=r"leaf 'net/extra' \(3,\) is missing from the checkpoint"):
+    warm_start.load_params(str(tmp_path / "bc"), more)
+  fewer = small.init(jax.random.key(0))
+  fewer = {**fewer, "net": {k: v for k, v in fewer["net"].items() if k != "log_std"}}
+  with pytest.raises(ValueError, match=r"the checkpoint has leaf 'net/log_std' \(2,\) that the policy does not"):
+    warm_start.load_params(str(tmp_path / "bc"), fewer)
+  with pytest.raises(ValueError, match="is not a directory"):
+    warm_start.load_params(str(tmp_path / "nope"), big.init(jax.random.key(0)))
+  with pytest.raises(ValueError, match="no Orbax params found"):
+    warm_start.load_params(str(tmp_path), big.init(jax.random.key(0)))
+
+
+def test_demos_io_and_checks(tmp_path):
+  demos = linear_demos(m=16)
+  warm_start.save_demos(str(tmp_path / "d.npz"), demos)
+  loaded = warm_start.load_demos(str(tmp_path / "d.npz"))
+  np.testing.assert_array_equal(loaded["actions"], demos["actions"])
+  np.testing.assert_array_equal(loaded["obs"]["state"], demos["obs"]["state"])
+  assert warm_start.check_demos(loaded, tiny_spec()) == 16
+  np.savez(tmp_path / "bad.npz", actions=demos["actions"], state=demos["obs"]["state"])
+  with pytest.raises(ValueError, match="lacks 'obs/<key>'.*obs/state"):
+    warm_start.load_demos(str(tmp_path / "bad.npz"))
+  with pytest.raises(ValueError, match=r"needs \[M, 3\]"):
+    warm_start.check_demos(loaded, EnvSpec("three", tiny_spec().obs, 3, -np.ones(3), np.ones(3), 10, False))
+  with pytest.raises(ValueError, match="lack 'obs/pixels'"):
+    warm_start.check_demos(loaded, EnvSpec("pix", {"pixels": ObsSpec((4, 4, 3), np.uint8)}, ACTION_DIM,
+                                           -np.ones(2), np.ones(2), 10, False))
+
+
+# ----------------------------------------------------------------------------- launch.bc
+
+
+def _run_bc(args, tmp_path):
+  env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
+  return subprocess.run([sys.executable, "-m", "launch.bc", *args], cwd=ROOT, env=env, capture_output=True,
+                        text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def reach_demos(tmp_path_factory):
+  from sim_adapters import make_adapter
+
+  adapter = make_adapter("MetaWorld/Reach-v3", 2, num_threads=1, seed=0)
+  try:
+    demos = warm_start.record_demos(adapter, warm_start.reach_expert, num_steps=40)
+    spec = adapter.spec
+  finally:
+    adapter.close()
+  assert warm_start.check_demos(demos, spec) == 80
+  path = tmp_path_factory.mktemp("demos") / "reach.npz"
+  warm_start.save_demos(str(path), demos)
+  return path
+
+
+def test_cli_end_to_end(reach_demos, tmp_path):
+  out = tmp_path / "bc"
+  proc = _run_bc([f"--demos={reach_demos}", f"--out={out}", "--steps=200", "--batch_size=32",
+                  "--learning_rate=3e-3", "--config.policy.hidden=(16,16)"], tmp_path)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  lines = proc.stdout.splitlines()
+  start = float(next(l for l in lines if l.startswith("bc loss at start:")).split()[4])
+  end = float(next(l for l in lines if l.startswith("bc loss at end:")).split()[4])
+  assert end < start, proc.stdout
+  meta = json.loads((out / "bc.json").read_text())
+  assert meta["env"] == "MetaWorld/Reach-v3" and meta["demo_steps"] == 80
+  spec = EnvSpec("MetaWorld/Reach-v3", {"state": ObsSpec((39,), np.float32)}, 4, -np.ones(4), np.ones(4), 500, True)
+  policy = MLPPolicy(spec, hidden=(16, 16))
+  params = warm_start.load_params(str(out), policy.init(jax.random.key(0)))
+  assert float(params["obs_norm"].count) == 80.0
+
+
+@pytest.mark.parametrize("case", ["missing_file", "wrong_action_dim"])
+def test_cli_bad_input_is_one_line(case, reach_demos, tmp_path):
+  if case == "missing_file":
+    demos, expected = tmp_path / "nope.npz", "nope.npz' is not a file"
+  else:
+    data = warm_start.load_demos(str(reach_demos))
+    data["actions"] = data["actions"][:, :3]
+    demos, expected = tmp_path / "three.npz", "needs [M, 4]"
+    warm_start.save_demos(str(demos), data)
+  proc = _run_bc([f"--demos={demos}", f"--out={tmp_path / 'bc'}", "--steps=5"], tmp_path)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  lines = [l for l in proc.stderr.splitlines() if l.strip()]
+  assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], proc.stderr
+  assert "Traceback" not in proc.stderr + proc.stdout
+  assert not (tmp_path / "bc" / "params").exists()

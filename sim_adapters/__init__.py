@@ -51,16 +51,24 @@ def check_env_name(name: str) -> None:
 
 def make_adapter(name: str, num_envs: int, *, batch_size: int | None = None, num_threads: int = 0,
                  thread_affinity_offset: int = -1, seed: int = 0, max_episode_steps: int = 0,
-                 from_pixels: bool = False, render_size: int = 64,
+                 from_pixels: bool = False, render_size: int = 64, render_camera: int | str = -1,
                  straggler_fraction: float = 0.0, straggler_slowdown: float = 1.0,
                  straggler_step_s: float | None = None, shift_at_s: float = 0.0, shift_sim_us: float = 0.0,
-                 chunk_size: int = 1, reward_type: str = "chunk", gamma: float = 0.99):
+                 chunk_size: int = 1, reward_type: str = "chunk", gamma: float = 0.99,
+                 env_group_size: int = 1):
   """Builds the adapter for `name` (checked first, so errors come before any work).
 
   No env is reset here: the first reset happens when a scheduler starts, so a
   policy/observation mismatch is reported before any simulation or rendering.
+  `render_camera` (with from_pixels): EnvPool's camera id, -1 for the free
+  camera, or for MetaWorld a camera name (sim_adapters.render.METAWORLD_CAMERAS).
   """
   check_env_name(name)
+  if from_pixels:
+    from sim_adapters.render import camera_id
+    render_camera = camera_id(name, render_camera)
+  elif render_camera != -1:
+    raise ValueError(f"render_camera={render_camera!r} needs from_pixels=True")
   from sim_adapters import mjx
 
   if mjx.is_device_env(name):
@@ -72,8 +80,15 @@ def make_adapter(name: str, num_envs: int, *, batch_size: int | None = None, num
   kwargs = dict(batch_size=batch_size, num_threads=num_threads,
                 thread_affinity_offset=thread_affinity_offset, seed=seed,
                 max_episode_steps=max_episode_steps)
+  if env_group_size > 1:
+    if name in MULTI_TASK_NAMES:
+      raise ValueError(f"same-seed env groups are not supported for '{name}'")
+    # GRPO: env i gets seed + i // env_group_size (ebrl.algorithms.grpo.grouped_env_seeds), so
+    # every env of a group starts each episode from the same initial state.
+    kwargs["env_seed"] = [seed + i // env_group_size for i in range(num_envs)]
   if from_pixels:
-    kwargs.update(from_pixels=True, render_width=render_size, render_height=render_size)
+    kwargs.update(from_pixels=True, render_width=render_size, render_height=render_size,
+                  render_camera_id=render_camera)
   if name.startswith("MetaWorld/"):
     # The MT1 convention: the goal is part of the observation.
     kwargs["partially_observable"] = False

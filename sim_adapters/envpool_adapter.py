@@ -71,6 +71,10 @@ class EnvPoolAdapter:
     import envpool  # Imported here: loading EnvPool's C++ modules takes a while.
 
     kwargs = dict(env_kwargs)
+    if kwargs.get("from_pixels"):
+      # Loads GL before EnvPool's first render and points MetaWorld at shadow-free assets.
+      from sim_adapters.render import pixel_env_kwargs
+      kwargs = pixel_env_kwargs(name, kwargs)
     if max_episode_steps > 0:
       kwargs["max_episode_steps"] = max_episode_steps
     self.num_envs = num_envs

@@ -41,6 +41,17 @@ CASES = {
     "unknown_reward_type": (["--config.env.reward_type=step"], "valid: chunk, action"),
     "chunks_on_device_env": (["--config.env.name=mjx:CartpoleBalance", "--config.policy.chunk_size=4"],
                              "runs chunks in host simulators"),
+    "unknown_vla_decode": (["--config.policy.name=vla", "--config.policy.decode=beam"],
+                           "valid: parallel, autoregressive"),
+    "vla_width_not_heads_multiple": (["--config.policy.name=vla", "--config.policy.width=30"],
+                                     "policy.width=30 must be a multiple of policy.heads=4"),
+    "flow_noise_out_of_range": (["--config.policy.name=flow", "--config.policy.flow_init_log_std=1.0"],
+                                "flow_init_log_std=1.0 must be in (-4, 0)"),
+    "cnn_without_pixels": (["--config.policy.name=cnn"], "policy 'cnn' needs observation key(s) ['pixels']"),
+    "grpo_on_async_scheduler": (["--config.algorithm.name=grpo", "--config.scheduler=ebrl"], "scheduler=sync"),
+    "grpo_group_not_dividing": (["--config.algorithm.name=grpo", "--config.algorithm.group_size=5"],
+                                "group_size=5 must divide num_envs=32"),
+    "missing_warm_start": (["--config.warm_start=nope"], "warm_start='nope'"),
     "missing_profile": (["--config.scheduler=ebrl", "--config.quotas.profile=nope.json"], "quotas.profile='nope.json'"),
 }
 

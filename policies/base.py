@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from sim_adapters.base import EnvSpec
 
@@ -36,6 +38,35 @@ class Policy(Protocol):
 
   def update_normalizer(self, params: Params, obs: Obs, weight: jax.Array) -> Params:
     ...
+
+
+VECTOR_KEYS = ("state", "task")  # Flat observation inputs, read in this order when present.
+
+
+def vector_keys(spec: EnvSpec) -> tuple[str, ...]:
+  """The flat inputs (state, MT10's task one-hot) this env gives, in reading order."""
+  return tuple(k for k in VECTOR_KEYS if k in spec.obs)
+
+
+def vector_dim(spec: EnvSpec) -> int:
+  return sum(int(np.prod(spec.obs[k].shape)) for k in vector_keys(spec))
+
+
+def vector_inputs(obs: Obs, keys: tuple[str, ...]) -> jax.Array:
+  """The flat inputs concatenated as float32 along the last axis (any leading batch axes)."""
+  return jnp.concatenate([obs[k].astype(jnp.float32) for k in keys], axis=-1)
+
+
+class FlatInputs:
+  """`input_keys` and `input_dim` of the flat inputs, for policies holding a `spec`."""
+
+  @property
+  def input_keys(self) -> tuple[str, ...]:
+    return vector_keys(self.spec)  # type: ignore[attr-defined]
+
+  @property
+  def input_dim(self) -> int:
+    return vector_dim(self.spec)  # type: ignore[attr-defined]
 
 
 def action_size(policy, spec: EnvSpec) -> int:

@@ -25,11 +25,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from ebrl import normalizer
-from policies.base import Obs, Params, check_compatible
-from policies.mlp import _Torso, gaussian_entropy, gaussian_logp
+from policies.base import FlatInputs, Obs, Params, check_compatible, vector_inputs
+from policies.mlp import GaussianActing, _Torso
 from sim_adapters.base import EnvSpec
 
-_VECTOR_KEYS = ("state", "task")  # Non-pixel inputs, read in this order when present.
 _KERNELS = ((8, 4), (4, 2))  # (kernel, stride) of the first layers; later layers use (3, 1).
 
 
@@ -77,7 +76,7 @@ class _PixelActorCritic(nn.Module):
 
 
 @dataclasses.dataclass(frozen=True)
-class CNNPolicy:
+class CNNPolicy(FlatInputs, GaussianActing):
   spec: EnvSpec
   channels: tuple[int, ...] = (16, 32, 32)
   hidden: tuple[int, ...] = (64,)
@@ -100,14 +99,7 @@ class CNNPolicy:
   def pixel_shape(self) -> tuple[int, int, int]:
     return tuple(self.spec.obs["pixels"].shape)
 
-  @property
-  def input_keys(self) -> tuple[str, ...]:
-    """The non-pixel inputs, which go through the normaliser."""
-    return tuple(k for k in _VECTOR_KEYS if k in self.spec.obs)
 
-  @property
-  def input_dim(self) -> int:
-    return sum(int(np.prod(self.spec.obs[k].shape)) for k in self.input_keys)
 
   @property
   def _net(self) -> _PixelActorCritic:
@@ -119,7 +111,7 @@ class CNNPolicy:
   def _vector(self, obs: Obs) -> jax.Array | None:
     if not self.input_keys:
       return None
-    return jnp.concatenate([obs[k].astype(jnp.float32) for k in self.input_keys], axis=-1)
+    return vector_inputs(obs, self.input_keys)
 
   def init(self, key: jax.Array) -> Params:
     pixels = jnp.zeros((1,) + self.pixel_shape, jnp.uint8)
@@ -136,15 +128,6 @@ class CNNPolicy:
       vector = normalizer.normalize(params["obs_norm"], vector).reshape(flat_pixels.shape[0], -1)
     mean, log_std, value = self._net.apply({"params": params["net"]}, flat_pixels, vector)
     return mean.reshape(lead + mean.shape[-1:]), log_std, value.reshape(lead)
-
-  def sample(self, params: Params, obs: Obs, key: jax.Array):
-    mean, log_std, value = self._forward(params, obs)
-    action = mean + jnp.exp(log_std) * jax.random.normal(key, mean.shape)
-    return action, gaussian_logp(action, mean, log_std), value, {}
-
-  def evaluate(self, params: Params, obs: Obs, action: jax.Array):
-    mean, log_std, value = self._forward(params, obs)
-    return gaussian_logp(action, mean, log_std), gaussian_entropy(log_std, value.shape), value
 
   def update_normalizer(self, params: Params, obs: Obs, weight: jax.Array) -> Params:
     vector = self._vector(obs)

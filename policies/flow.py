@@ -38,11 +38,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from ebrl import normalizer
-from policies.base import Obs, Params, check_compatible
+from policies.base import FlatInputs, Obs, Params, check_compatible, vector_inputs
 from policies.mlp import gaussian_logp
 from sim_adapters.base import EnvSpec
 
-_INPUT_KEYS = ("state", "task")  # Read in this order when present.
 _HALF_LOG_2PI = 0.5 * float(np.log(2 * np.pi))
 _HALF_LOG_2PIE = 0.5 * float(np.log(2 * np.pi * np.e))  # Entropy of N(0, 1).
 
@@ -95,7 +94,7 @@ class _FlowNet(nn.Module):
 
 
 @dataclasses.dataclass(frozen=True)
-class FlowPolicy:
+class FlowPolicy(FlatInputs):
   """Noisy-Euler flow policy over chunks of `chunk_size` actions (env action_dim = K * A)."""
 
   spec: EnvSpec
@@ -125,13 +124,7 @@ class FlowPolicy:
       raise ValueError("need min_log_std < init_log_std < max_log_std")
 
   # --- shapes -----------------------------------------------------------------
-  @property
-  def input_keys(self) -> tuple[str, ...]:
-    return tuple(k for k in _INPUT_KEYS if k in self.spec.obs)
 
-  @property
-  def input_dim(self) -> int:
-    return sum(int(np.prod(self.spec.obs[k].shape)) for k in self.input_keys)
 
   @property
   def chunk_dim(self) -> int:
@@ -165,7 +158,7 @@ class FlowPolicy:
 
   # --- pieces (public so tests and tools can recompute the chain) --------------
   def _inputs(self, obs: Obs) -> jax.Array:
-    return jnp.concatenate([obs[k].astype(jnp.float32) for k in self.input_keys], axis=-1)
+    return vector_inputs(obs, self.input_keys)
 
   def normalized_obs(self, params: Params, obs: Obs) -> jax.Array:
     return normalizer.normalize(params["obs_norm"], self._inputs(obs))

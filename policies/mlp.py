@@ -18,10 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from ebrl import normalizer
-from policies.base import Obs, Params, check_compatible
+from policies.base import FlatInputs, Obs, Params, check_compatible, vector_inputs
 from sim_adapters.base import EnvSpec
 
-_INPUT_KEYS = ("state", "task")  # Read in this order when present.
 _LOG_2PI = float(np.log(2 * np.pi))
 
 
@@ -59,38 +58,8 @@ def gaussian_entropy(log_std: jax.Array, batch_shape: tuple[int, ...]) -> jax.Ar
   return jnp.broadcast_to(jnp.sum(log_std + 0.5 * (1.0 + _LOG_2PI)), batch_shape)
 
 
-@dataclasses.dataclass(frozen=True)
-class MLPPolicy:
-  spec: EnvSpec
-  hidden: tuple[int, ...] = (64, 64)
-  init_log_std: float = -0.5
-  name: str = "mlp"
-
-  def __post_init__(self):
-    check_compatible(self.name, ("state",), self.spec)
-
-  @property
-  def input_keys(self) -> tuple[str, ...]:
-    return tuple(k for k in _INPUT_KEYS if k in self.spec.obs)
-
-  @property
-  def input_dim(self) -> int:
-    return sum(int(np.prod(self.spec.obs[k].shape)) for k in self.input_keys)
-
-  @property
-  def _net(self) -> _ActorCritic:
-    return _ActorCritic(self.spec.action_dim, tuple(self.hidden), self.init_log_std)
-
-  def _inputs(self, obs: Obs) -> jax.Array:
-    return jnp.concatenate([obs[k].astype(jnp.float32) for k in self.input_keys], axis=-1)
-
-  def init(self, key: jax.Array) -> Params:
-    net = self._net.init(key, jnp.zeros((1, self.input_dim), jnp.float32))["params"]
-    return {"net": net, "obs_norm": normalizer.init_stats(self.input_dim)}
-
-  def _forward(self, params: Params, obs: Obs):
-    x = normalizer.normalize(params["obs_norm"], self._inputs(obs))
-    return self._net.apply({"params": params["net"]}, x)
+class GaussianActing:
+  """sample / evaluate of a policy whose `_forward(params, obs)` gives (mean, log_std, value)."""
 
   def sample(self, params: Params, obs: Obs, key: jax.Array):
     mean, log_std, value = self._forward(params, obs)
@@ -100,6 +69,34 @@ class MLPPolicy:
   def evaluate(self, params: Params, obs: Obs, action: jax.Array):
     mean, log_std, value = self._forward(params, obs)
     return gaussian_logp(action, mean, log_std), gaussian_entropy(log_std, value.shape), value
+
+
+@dataclasses.dataclass(frozen=True)
+class MLPPolicy(FlatInputs, GaussianActing):
+  spec: EnvSpec
+  hidden: tuple[int, ...] = (64, 64)
+  init_log_std: float = -0.5
+  name: str = "mlp"
+
+  def __post_init__(self):
+    check_compatible(self.name, ("state",), self.spec)
+
+
+
+  @property
+  def _net(self) -> _ActorCritic:
+    return _ActorCritic(self.spec.action_dim, tuple(self.hidden), self.init_log_std)
+
+  def _inputs(self, obs: Obs) -> jax.Array:
+    return vector_inputs(obs, self.input_keys)
+
+  def init(self, key: jax.Array) -> Params:
+    net = self._net.init(key, jnp.zeros((1, self.input_dim), jnp.float32))["params"]
+    return {"net": net, "obs_norm": normalizer.init_stats(self.input_dim)}
+
+  def _forward(self, params: Params, obs: Obs):
+    x = normalizer.normalize(params["obs_norm"], self._inputs(obs))
+    return self._net.apply({"params": params["net"]}, x)
 
   def update_normalizer(self, params: Params, obs: Obs, weight: jax.Array) -> Params:
     stats = normalizer.update_stats(params["obs_norm"], self._inputs(obs), weight)

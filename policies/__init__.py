@@ -40,7 +40,8 @@ def make_policy(name: str, spec: EnvSpec, cfg) -> Policy:
   if name == "flow":
     from policies.flow import FlowPolicy
     return FlowPolicy(spec, chunk_size=k, steps=int(cfg.flow_steps), hidden=tuple(cfg.hidden),
-                      init_log_std=float(cfg.flow_init_log_std))
+                      init_log_std=float(cfg.flow_init_log_std),
+                      instructions=tuple(instructions_for(spec) or ()) if "task" in spec.obs else ())
   raise ValueError(f"unknown policy '{name}'; valid: {', '.join(POLICY_NAMES)}")
 
 

@@ -29,6 +29,7 @@ without the dead gradients of a hard clip.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Sequence
 
 import chex
@@ -40,6 +41,7 @@ import numpy as np
 from ebrl import normalizer
 from policies.base import FlatInputs, Obs, Params, check_compatible, vector_inputs
 from policies.mlp import gaussian_logp
+from policies.tokenizer import InstructionTokenizer
 from sim_adapters.base import EnvSpec
 
 _HALF_LOG_2PI = 0.5 * float(np.log(2 * np.pi))
@@ -106,6 +108,9 @@ class FlowPolicy(FlatInputs):
   init_log_std: float = -1.0
   min_log_std: float = -4.0
   max_log_std: float = 0.0
+  # One instruction per task id (MT10): the expert is conditioned on its words as a bag of
+  # words beside the state, so the first layer learns a word embedding per vocabulary entry.
+  instructions: tuple[str, ...] = ()
   name: str = "flow"
 
   def __post_init__(self):
@@ -160,8 +165,33 @@ class FlowPolicy(FlatInputs):
   def _inputs(self, obs: Obs) -> jax.Array:
     return vector_inputs(obs, self.input_keys)
 
+  @functools.cached_property
+  def _task_words(self) -> np.ndarray | None:
+    """[tasks, vocab] word counts of each task's instruction, or None without instructions."""
+    if not self.instructions or "task" not in self.spec.obs:
+      return None
+    if len(self.instructions) != self.spec.obs["task"].shape[0]:
+      raise ValueError(f"{len(self.instructions)} instructions for {self.spec.obs['task'].shape[0]} tasks")
+    tok = InstructionTokenizer.from_texts(list(self.instructions))
+    ids = tok.encode_batch(list(self.instructions), 32)
+    words = np.zeros((len(self.instructions), tok.vocab_size), np.float32)
+    for row, seq in enumerate(ids):
+      for i in seq[seq > tok.unk_id]:
+        words[row, i] += 1.0
+    return words
+
+  @property
+  def cond_dim(self) -> int:
+    """Width of what the velocity field and critic are conditioned on: the state, then the words."""
+    words = self._task_words
+    return self.input_dim + (0 if words is None else words.shape[1])
+
   def normalized_obs(self, params: Params, obs: Obs) -> jax.Array:
-    return normalizer.normalize(params["obs_norm"], self._inputs(obs))
+    x = normalizer.normalize(params["obs_norm"], self._inputs(obs))
+    words = self._task_words
+    if words is None:
+      return x
+    return jnp.concatenate([x, jnp.asarray(words)[jnp.argmax(obs["task"], axis=-1)]], axis=-1)
 
   def velocity(self, params: Params, obs_x: jax.Array, x: jax.Array, t: jax.Array) -> jax.Array:
     """v(x, t | obs) for normalised obs_x [B, I], chain states x [B, D], times t [B]."""
@@ -182,7 +212,7 @@ class FlowPolicy(FlatInputs):
   # --- Policy contract ------------------------------------------------------------
   def init(self, key: jax.Array) -> Params:
     d = self.chunk_dim
-    net = self._net.init(key, jnp.zeros((1, self.input_dim)), jnp.zeros((1, d)), jnp.zeros((1,)))["params"]
+    net = self._net.init(key, jnp.zeros((1, self.cond_dim)), jnp.zeros((1, d)), jnp.zeros((1,)))["params"]
     return {"net": net, "obs_norm": normalizer.init_stats(self.input_dim)}
 
   def sample(self, params: Params, obs: Obs, key: jax.Array):

@@ -155,3 +155,25 @@ def test_flow_matching_bc_loss_decreases():
 def test_chunk_size_must_divide_action_dim():
   with pytest.raises(ValueError):
     FlowPolicy(_policy().spec, chunk_size=3)
+
+
+def test_mt10_instructions_condition_the_expert_as_a_bag_of_words():
+  from sim_adapters.multitask import MT10_TASKS
+  texts = tuple(MT10_TASKS.values())
+  spec = EnvSpec(name="MetaWorld/MT10", obs={"state": ObsSpec((5,), np.dtype(np.float32)),
+                                             "task": ObsSpec((10,), np.dtype(np.float32))},
+                 action_dim=4, action_low=-np.ones(4, np.float32), action_high=np.ones(4, np.float32),
+                 max_episode_steps=10, has_success=True, num_tasks=10, chunk_size=2)
+  policy = FlowPolicy(spec, chunk_size=2, steps=2, hidden=(16, 16), critic_hidden=(16,), instructions=texts)
+  params = policy.init(jax.random.PRNGKey(0))
+  obs = {"state": np.zeros((2, 5), np.float32), "task": np.eye(10, dtype=np.float32)[[3, 5]]}
+  cond = np.asarray(policy.normalized_obs(params, obs))
+  assert cond.shape == (2, policy.cond_dim) and policy.cond_dim > policy.input_dim
+  words = cond[:, policy.input_dim:]
+  assert words[0].sum() == len(texts[3].split()) and not np.array_equal(words[0], words[1])  # "open the door" vs ...
+  action, logp, value, _ = jax.jit(policy.sample)(params, obs, jax.random.PRNGKey(1))
+  logp2, _, value2 = jax.jit(policy.evaluate)(params, obs, action)
+  np.testing.assert_allclose(logp, logp2, rtol=1e-4, atol=1e-3)
+  np.testing.assert_allclose(value, value2, rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError, match="3 instructions for 10 tasks"):
+    FlowPolicy(spec, chunk_size=2, instructions=texts[:3]).init(jax.random.PRNGKey(0))

@@ -125,6 +125,7 @@ def validate(cfg, num_devices: int) -> None:
                       f"{num_devices} devices of the sim mesh")
   _check_resources(cfg, device)
   _check_chunks(cfg, device)
+  _check_render_stage(cfg)
   _check_policy(cfg)
   _check_grpo_and_warm_start(cfg, device)
   if cfg.env.shift_at_s < 0 or cfg.env.shift_sim_us < 0:
@@ -174,6 +175,17 @@ def _check_policy(cfg) -> None:
       raise UserError(f"policy.flow_init_log_std={p.flow_init_log_std!r} must be in (-4, 0)")
   if p.name == "cnn" and any(c <= 0 for c in p.channels):
     raise UserError(f"policy.channels={tuple(p.channels)} must be positive channel counts")
+
+
+def _check_render_stage(cfg) -> None:
+  e = cfg.env
+  if not isinstance(e.render_threads, int) or e.render_threads < 0:
+    raise UserError(f"env.render_threads={e.render_threads!r} must be an integer >= 0 (0 = one per usable core)")
+  if e.render_stage and not e.from_pixels:
+    raise UserError("env.render_stage=True draws pixels beside the state: it needs env.from_pixels=True")
+  if e.render_stage and e.name == "MetaWorld/MT10":
+    raise UserError("env.render_stage=True draws one EnvPool's envs; MetaWorld/MT10 has one pool per task "
+                    "(use env.render_stage=False for its pixel pools)")
 
 
 def _check_chunks(cfg, device: bool) -> None:

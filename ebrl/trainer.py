@@ -102,6 +102,9 @@ class Trainer:
     self.tracker = EpisodeTracker(cfg.num_envs, self.spec.has_success)
     self.tracer = Tracer()
     self.clock = StageClock(self.tracer)
+    for adapter in (list(self.groups) if self.groups is not None else []):
+      if hasattr(adapter, "set_clock"):  # The render stage's draws show on the timeline.
+        adapter.set_clock(self.clock)
     self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"), keep=cfg.keep_checkpoints,
                                      warn=lambda m: tqdm.tqdm.write(m))
     self.state = self.learner.init(jax.random.PRNGKey(cfg.seed))
@@ -154,6 +157,7 @@ class Trainer:
             shift_at_s=cfg.env.shift_at_s, shift_sim_us=cfg.env.shift_sim_us,
             chunk_size=cfg.policy.chunk_size, reward_type=cfg.env.reward_type, gamma=cfg.algorithm.gamma,
             env_group_size=cfg.algorithm.group_size if cfg.algorithm.name == "grpo" else 1,
+            render_stage=cfg.env.render_stage, render_threads=cfg.env.render_threads,
             **placement)
     except (UnsupportedEnvError, ValueError) as e:
       raise UserError(str(e)) from None

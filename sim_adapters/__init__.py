@@ -55,13 +55,16 @@ def make_adapter(name: str, num_envs: int, *, batch_size: int | None = None, num
                  straggler_fraction: float = 0.0, straggler_slowdown: float = 1.0,
                  straggler_step_s: float | None = None, shift_at_s: float = 0.0, shift_sim_us: float = 0.0,
                  chunk_size: int = 1, reward_type: str = "chunk", gamma: float = 0.99,
-                 env_group_size: int = 1):
+                 env_group_size: int = 1, render_stage: bool = False, render_threads: int = 0):
   """Builds the adapter for `name` (checked first, so errors come before any work).
 
   No env is reset here: the first reset happens when a scheduler starts, so a
   policy/observation mismatch is reported before any simulation or rendering.
   `render_camera` (with from_pixels): EnvPool's camera id, -1 for the free
   camera, or for MetaWorld a camera name (sim_adapters.render.METAWORLD_CAMERAS).
+  `render_stage` (with from_pixels): state and pixels, the frames drawn by EBRL's
+  render stage on `render_threads` threads (0 = one per usable core) instead of
+  inside EnvPool's pixel-only pools (sim_adapters/render_stage.py).
   """
   check_env_name(name)
   if from_pixels:
@@ -86,7 +89,17 @@ def make_adapter(name: str, num_envs: int, *, batch_size: int | None = None, num
     # GRPO: env i gets seed + i // env_group_size (ebrl.algorithms.grpo.grouped_env_seeds), so
     # every env of a group starts each episode from the same initial state.
     kwargs["env_seed"] = [seed + i // env_group_size for i in range(num_envs)]
-  if from_pixels:
+  if render_stage and not from_pixels:
+    raise ValueError("render_stage=True draws pixels: it needs from_pixels=True")
+  if render_stage:
+    if name in MULTI_TASK_NAMES:
+      raise ValueError(f"the render stage draws one EnvPool's envs; '{name}' has one pool per task "
+                       "(use render_stage=False for its pixel pools)")
+    from sim_adapters.render import pixel_env_kwargs
+    kwargs.update(render_mode="rgb_array", render_width=render_size, render_height=render_size,
+                  render_camera_id=render_camera)
+    kwargs = pixel_env_kwargs(name, kwargs)
+  elif from_pixels:
     kwargs.update(from_pixels=True, render_width=render_size, render_height=render_size,
                   render_camera_id=render_camera)
   if name.startswith("MetaWorld/"):
@@ -98,6 +111,7 @@ def make_adapter(name: str, num_envs: int, *, batch_size: int | None = None, num
   else:
     from sim_adapters.envpool_adapter import EnvPoolAdapter
     adapter = EnvPoolAdapter(name, num_envs, **kwargs)
+  pool = getattr(adapter, "_pool", None)
   if straggler_fraction != 0.0 or straggler_slowdown != 1.0:
     # Wrapped whenever either is set, so bad values are rejected; no delay when inactive.
     from sim_adapters.straggler import StragglerAdapter
@@ -109,6 +123,9 @@ def make_adapter(name: str, num_envs: int, *, batch_size: int | None = None, num
   if chunk_size > 1:
     from sim_adapters.chunks import ChunkAdapter
     adapter = ChunkAdapter(adapter, chunk_size, reward_type, gamma)
+  if render_stage:  # Outermost: only the observation an env is handed back with is drawn.
+    from sim_adapters.render_stage import RenderStage
+    adapter = RenderStage(adapter, pool.render, render_size, render_threads or len(os.sched_getaffinity(0)))
   return adapter
 
 

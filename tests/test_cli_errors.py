@@ -52,6 +52,7 @@ CASES = {
     "grpo_group_not_dividing": (["--config.algorithm.name=grpo", "--config.algorithm.group_size=5"],
                                 "group_size=5 must divide num_envs=32"),
     "missing_warm_start": (["--config.warm_start=nope"], "warm_start='nope'"),
+    "render_stage_without_pixels": (["--config.env.render_stage=True"], "needs env.from_pixels=True"),
     "missing_profile": (["--config.scheduler=ebrl", "--config.quotas.profile=nope.json"], "quotas.profile='nope.json'"),
 }
 

@@ -32,6 +32,7 @@ _WARMUP_S = 0.2
 def run_shape(cfg) -> dict[str, Any]:
   """The config values a profile depends on (anything else may change freely)."""
   return {"env": cfg.env.name, "num_envs": int(cfg.num_envs), "from_pixels": bool(cfg.env.from_pixels),
+          "render_stage": bool(cfg.env.render_stage), "chunk_size": int(cfg.policy.chunk_size),
           "render_size": int(cfg.env.render_size), "policy": cfg.policy.name,
           "hidden": [int(h) for h in cfg.policy.hidden], "rollout_length": int(cfg.rollout_length),
           "segments_per_update": int(cfg.ebrl.segments_per_update or cfg.num_envs),
@@ -203,7 +204,9 @@ def measure_sim(cfg, cores: tuple[int, ...], threads: int, batch: int | None, se
   enforce.pin(0, cores)
   adapter = make_adapter(cfg.env.name, n, batch_size=batch, num_threads=threads, seed=cfg.seed,
                          max_episode_steps=cfg.env.max_episode_steps, from_pixels=cfg.env.from_pixels,
-                         render_size=cfg.env.render_size)
+                         render_size=cfg.env.render_size, render_stage=cfg.env.render_stage,
+                         render_threads=cfg.env.render_threads or len(cores),
+                         chunk_size=cfg.policy.chunk_size, reward_type=cfg.env.reward_type)
   rng = np.random.default_rng(0)
   spec = adapter.spec
   low, high = spec.action_low, spec.action_high
@@ -340,14 +343,15 @@ def measure(cfg, inventory: Inventory, *, policy=None, spec=None, full: bool = F
   render = None
   if cfg.env.from_pixels:
     plain = cfg.copy_and_resolve_references()
-    plain.env.from_pixels = False
+    plain.env.from_pixels = plain.env.render_stage = False
     base = measure_sim(plain, usable, threads(len(usable)), None, seconds)
     with_px = next(p for p in sim if p["cores"] == len(usable) and p["batch"] == n)
     render = {"cpu_us_per_step": max(0.0, with_px["cpu_us_per_step"] - base["cpu_us_per_step"])}
   if spec is None:
     from sim_adapters import make_adapter
     probe = make_adapter(cfg.env.name, min(n, 10 if cfg.env.name == "MetaWorld/MT10" else 1),
-                         from_pixels=cfg.env.from_pixels, render_size=cfg.env.render_size)
+                         from_pixels=cfg.env.from_pixels, render_size=cfg.env.render_size,
+                         render_stage=cfg.env.render_stage, chunk_size=cfg.policy.chunk_size)
     spec = probe.spec
     probe.close()
   policy = policy or make_policy(cfg.policy.name, spec, cfg.policy)

@@ -179,8 +179,6 @@ def _check_policy(cfg) -> None:
 
 def _check_render_stage(cfg) -> None:
   e = cfg.env
-  if not isinstance(e.render_threads, int) or e.render_threads < 0:
-    raise UserError(f"env.render_threads={e.render_threads!r} must be an integer >= 0 (0 = one per usable core)")
   if e.render_stage and not e.from_pixels:
     raise UserError("env.render_stage=True draws pixels beside the state: it needs env.from_pixels=True")
   if e.render_stage and e.name == "MetaWorld/MT10":

@@ -157,7 +157,7 @@ class Trainer:
             shift_at_s=cfg.env.shift_at_s, shift_sim_us=cfg.env.shift_sim_us,
             chunk_size=cfg.policy.chunk_size, reward_type=cfg.env.reward_type, gamma=cfg.algorithm.gamma,
             env_group_size=cfg.algorithm.group_size if cfg.algorithm.name == "grpo" else 1,
-            render_stage=cfg.env.render_stage, render_threads=cfg.env.render_threads,
+            render_stage=cfg.env.render_stage,
             **placement)
     except (UnsupportedEnvError, ValueError) as e:
       raise UserError(str(e)) from None

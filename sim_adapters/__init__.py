@@ -55,7 +55,7 @@ def make_adapter(name: str, num_envs: int, *, batch_size: int | None = None, num
                  straggler_fraction: float = 0.0, straggler_slowdown: float = 1.0,
                  straggler_step_s: float | None = None, shift_at_s: float = 0.0, shift_sim_us: float = 0.0,
                  chunk_size: int = 1, reward_type: str = "chunk", gamma: float = 0.99,
-                 env_group_size: int = 1, render_stage: bool = False, render_threads: int = 0):
+                 env_group_size: int = 1, render_stage: bool = False):
   """Builds the adapter for `name` (checked first, so errors come before any work).
 
   No env is reset here: the first reset happens when a scheduler starts, so a
@@ -63,8 +63,8 @@ def make_adapter(name: str, num_envs: int, *, batch_size: int | None = None, num
   `render_camera` (with from_pixels): EnvPool's camera id, -1 for the free
   camera, or for MetaWorld a camera name (sim_adapters.render.METAWORLD_CAMERAS).
   `render_stage` (with from_pixels): state and pixels, the frames drawn by EBRL's
-  render stage on `render_threads` threads (0 = one per usable core) instead of
-  inside EnvPool's pixel-only pools (sim_adapters/render_stage.py).
+  render stage (a render thread per adapter) instead of inside EnvPool's
+  pixel-only pools (sim_adapters/render_stage.py).
   """
   check_env_name(name)
   if from_pixels:
@@ -125,7 +125,7 @@ def make_adapter(name: str, num_envs: int, *, batch_size: int | None = None, num
     adapter = ChunkAdapter(adapter, chunk_size, reward_type, gamma)
   if render_stage:  # Outermost: only the observation an env is handed back with is drawn.
     from sim_adapters.render_stage import RenderStage
-    adapter = RenderStage(adapter, pool.render, render_size, render_threads or len(os.sched_getaffinity(0)))
+    adapter = RenderStage(adapter, pool.render, render_size)
   return adapter
 
 

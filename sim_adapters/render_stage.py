@@ -8,11 +8,13 @@ stays a state pool and this wrapper renders the envs it hands back, and only
 those: an env waiting for its action is idle, so its frame is the observation
 it is about to act on, while the other envs keep stepping on EnvPool's workers.
 
-The frames of one recv are split over `threads` render workers (EnvPool's
-render releases the GIL; two workers draw ~1.6x faster than one on 2 cores).
-The workers are started at the first reset, so a scheduler that places the
-simulator's threads on its cores (the resource manager's sim quota) places
-them too. Every worker's draw is a "render" span on lane render<i> of the run's
+The frames of one recv are drawn by the stage's render worker, a thread
+started at the first reset, so a scheduler that places the simulator's threads
+on its cores (the resource manager's sim quota) places it too; with the ebrl
+scheduler it draws one group's envs while EnvPool's workers step the other's.
+Draws are serialised process-wide: EnvPool's render releases the GIL and two
+threads drawing at once ran ~1.6x faster, but segfaulted inside EnvPool's
+renderer after ~30k frames. Every worker's draw is a "render" span on lane render<i> of the run's
 clock when one is attached (`set_clock`): render time shows in trace.json and
 the timeline next to sim, gen and train.
 """
@@ -29,13 +31,16 @@ import numpy as np
 from sim_adapters.base import ObsSpec, StepBatch
 
 
+_DRAW_LOCK = threading.Lock()  # EnvPool's renderer is not safe to enter from two threads at once.
+
+
 class RenderStage:
   """Wraps a state SimAdapter; every returned row also carries obs["pixels"] uint8 [3, H, W]."""
 
-  def __init__(self, inner, render_fn: Callable[[np.ndarray], np.ndarray], size: int, threads: int = 1):
-    if threads < 1:
-      raise ValueError(f"render threads must be >= 1, got {threads}")
-    self.inner, self.threads = inner, threads
+  _count = 0  # Render lanes are numbered across the process's stages (one per env group).
+
+  def __init__(self, inner, render_fn: Callable[[np.ndarray], np.ndarray], size: int):
+    self.inner = inner
     self._render_fn = render_fn  # env ids -> frames [k, H, W, 3] uint8 of their current state.
     self.num_envs = inner.num_envs
     self.spec = dataclasses.replace(inner.spec, obs={**inner.spec.obs, "pixels": ObsSpec((3, size, size),
@@ -60,30 +65,24 @@ class RenderStage:
         return
       ids, out, done = item
       try:
-        if self._clock is not None:
-          with self._clock.stage("render", lane=lane):
+        with _DRAW_LOCK:
+          if self._clock is not None:
+            with self._clock.stage("render", lane=lane):
+              out.append(self._render_fn(ids))
+          else:
             out.append(self._render_fn(ids))
-        else:
-          out.append(self._render_fn(ids))
       except BaseException as e:  # pylint: disable=broad-except
         out.append(e)  # Handed to the caller, which raises it.
       done.set()
 
   def _draw(self, env_ids: np.ndarray) -> np.ndarray:
-    parts = [p for p in np.array_split(np.asarray(env_ids), min(self.threads, len(env_ids))) if len(p)]
-    jobs = []
-    for p in parts:
-      out, done = [], threading.Event()
-      self._work.put((p, out, done))
-      jobs.append((out, done))
-    frames = []
-    for out, done in jobs:
-      done.wait()
-      if isinstance(out[0], BaseException):
-        raise out[0]
-      frames.append(out[0])
+    out, done = [], threading.Event()
+    self._work.put((np.asarray(env_ids), out, done))
+    done.wait()
+    if isinstance(out[0], BaseException):
+      raise out[0]
     self.frames += len(env_ids)
-    return np.ascontiguousarray(np.concatenate(frames).transpose(0, 3, 1, 2))
+    return np.ascontiguousarray(out[0].transpose(0, 3, 1, 2))
 
   def _with_pixels(self, b: StepBatch) -> StepBatch:
     b.obs["pixels"] = self._draw(b.env_ids)
@@ -91,8 +90,9 @@ class RenderStage:
 
   def reset(self) -> None:
     if not self._workers:
-      self._workers = [threading.Thread(target=self._worker, args=(i,), name=f"render{i}", daemon=True)
-                       for i in range(self.threads)]
+      self._workers = [threading.Thread(target=self._worker, args=(RenderStage._count,),
+                                        name=f"render{RenderStage._count}", daemon=True)]
+      RenderStage._count += 1
       for th in self._workers:
         th.start()
     self.inner.reset()

@@ -15,9 +15,8 @@ pytestmark = pytest.mark.skipif(not ctypes.util.find_library("EGL"),
                                 reason="no libEGL on this machine (apt install libegl1)")
 
 
-def _run(make, threads, steps=3, clock=None):
-  sim = make("MetaWorld/Reach-v3", 4, from_pixels=True, render_stage=True, render_size=32, render_threads=threads,
-             seed=3)
+def _run(make, steps=3, clock=None):
+  sim = make("MetaWorld/Reach-v3", 4, from_pixels=True, render_stage=True, render_size=32, seed=3)
   if clock is not None:
     sim.set_clock(clock)
   sim.reset()
@@ -29,7 +28,7 @@ def _run(make, threads, steps=3, clock=None):
 
 
 def test_rows_carry_state_and_the_frame_of_the_state_they_report(make):
-  sim, rows = _run(make, threads=2)
+  sim, rows = _run(make)
   assert set(sim.spec.obs) == {"state", "pixels"} and sim.spec.obs["pixels"].shape == (3, 32, 32)
   px = rows[-1].obs["pixels"]
   assert px.shape == (4, 3, 32, 32) and px.dtype == np.uint8 and len(np.unique(px)) > 20
@@ -38,9 +37,9 @@ def test_rows_carry_state_and_the_frame_of_the_state_they_report(make):
   assert sim.frames == 4 * len(rows)
 
 
-def test_frames_do_not_depend_on_how_many_threads_draw_them(make):
-  _, one = _run(make, threads=1)
-  _, two = _run(make, threads=2)
+def test_frames_are_deterministic_for_a_seed(make):
+  _, one = _run(make)
+  _, two = _run(make)
   for a, b in zip(one, two):
     np.testing.assert_array_equal(a.obs["state"], b.obs["state"])
     np.testing.assert_array_equal(a.obs["pixels"], b.obs["pixels"])
@@ -49,9 +48,9 @@ def test_frames_do_not_depend_on_how_many_threads_draw_them(make):
 def test_draws_are_render_spans_on_their_own_lanes(make):
   tracer = Tracer()
   clock = StageClock(tracer)
-  _run(make, threads=2, clock=clock)
+  _run(make, clock=clock)
   spans = [s for s in tracer.spans() if s.name == "render"]
-  assert spans and {s.lane for s in spans} == {"render0", "render1"}
+  assert spans and len({s.lane for s in spans}) == 1 and spans[0].lane.startswith("render")
   assert clock.snapshot()["render"] > 0
 
 

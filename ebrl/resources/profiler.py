@@ -205,7 +205,6 @@ def measure_sim(cfg, cores: tuple[int, ...], threads: int, batch: int | None, se
   adapter = make_adapter(cfg.env.name, n, batch_size=batch, num_threads=threads, seed=cfg.seed,
                          max_episode_steps=cfg.env.max_episode_steps, from_pixels=cfg.env.from_pixels,
                          render_size=cfg.env.render_size, render_stage=cfg.env.render_stage,
-                         render_threads=cfg.env.render_threads or len(cores),
                          chunk_size=cfg.policy.chunk_size, reward_type=cfg.env.reward_type)
   rng = np.random.default_rng(0)
   spec = adapter.spec

@@ -34,6 +34,7 @@ class TrajectoryQueue:
     self._cv = threading.Condition()
     self._segments: collections.deque[Segment] = collections.deque()
     self.started = 0
+    self.forced = 0  # Segments started beyond capacity (see force_start): the only source of stale samples.
     self.version = 0
     self.closed = False
 
@@ -62,6 +63,7 @@ class TrajectoryQueue:
     """Starts n segments beyond capacity (deadlock breaker); the learner's mask keeps the bound."""
     with self._cv:
       self.started += n
+      self.forced += n
       return n
 
   def put(self, segment: Segment) -> None:

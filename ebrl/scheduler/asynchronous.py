@@ -35,13 +35,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from ebrl.assembler import Segment, TrajectoryAssembler
-from ebrl.scheduler.stage_threads import StageThreads
+from ebrl.scheduler.stage_threads import POLL_S, StageThreads, learner_loop
 from ebrl.trajectory_queue import TrajectoryQueue
 from ebrl.types import SegmentBatch
 from sim_adapters.base import StepBatch
 
 _WAKE = ("wake", None)
-_POLL_S = 0.05
 
 
 def stack_segments(segments: list[Segment]) -> SegmentBatch:
@@ -151,7 +150,7 @@ class AsyncScheduler:
     sent = 0
     while True:
       try:
-        item = self._late[g].get(timeout=_POLL_S) if block and not sent else self._late[g].get_nowait()
+        item = self._late[g].get(timeout=POLL_S) if block and not sent else self._late[g].get_nowait()
       except queue.Empty:
         return sent
       ids, env_actions = item
@@ -162,7 +161,7 @@ class AsyncScheduler:
   def _wait(self, q: queue.Queue):
     while not self._stop.is_set():
       try:
-        return q.get(timeout=_POLL_S)
+        return q.get(timeout=POLL_S)
       except queue.Empty:
         continue
     return None
@@ -174,7 +173,7 @@ class AsyncScheduler:
     or a batch from every group (each group waits for its reply, so no more can come)."""
     items, rows = [], 0
     try:
-      first = self._ready.get(timeout=_POLL_S)
+      first = self._ready.get(timeout=POLL_S)
     except queue.Empty:
       return items
     deadline = time.perf_counter() + self.max_wait_s
@@ -273,23 +272,16 @@ class AsyncScheduler:
   # -- learner thread: update -------------------------------------------------
 
   def _learner_loop(self) -> None:
-    t = self.t
     self._pin("train")
     if self.resources is not None:
       self.resources.enforcer.pin_xla()
-    while not self._stopping():
-      segments = self.queue.get_batch(timeout=_POLL_S)
-      if segments is None:
-        continue
-      batch = stack_segments(segments)
-      with t.clock.stage("train", lane="learner"):
-        t.state, metrics = t.learner.update_segments(t.state, batch)
-        jax.block_until_ready(t.state)
-      # The sampler gets its own copy: the next update donates (frees) this state.
-      t.sampler.set_params(_copy(t.state.params), int(t.state.version))
-      self.queue.set_version(int(t.state.version))
-      self._ready.put(_WAKE)
-      t.after_update(metrics)
+    learner_loop(self.t, self.queue, self._stopping, stack_segments, self._publish)
+
+  def _publish(self, state) -> None:
+    # The sampler gets its own copy: the next update donates (frees) this state.
+    self.t.sampler.set_params(_copy(state.params), int(state.version))
+    self.queue.set_version(int(state.version))
+    self._ready.put(_WAKE)
 
 
 def _copy(tree):

@@ -52,13 +52,12 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ebrl.scheduler.device import Finished, add_finished_episodes, make_collect
-from ebrl.scheduler.stage_threads import StageThreads
+from ebrl.scheduler.stage_threads import POLL_S, StageThreads, learner_loop
 from ebrl.trajectory_queue import TrajectoryQueue
 from ebrl.types import SegmentBatch
 from policies.base import Policy
 from sim_adapters.mjx.device_sim import DeviceSim, SimState
 
-_POLL_S = 0.05
 
 
 def make_segment_collect(sim: DeviceSim, policy: Policy, horizon: int, gamma: float, reward_scale: float):
@@ -180,7 +179,7 @@ class DeviceAsyncScheduler:
     """The next batch's (ticket, params, version, key) under the capacity rule, or None after a short wait."""
     with self._room:
       if not self.queue.try_start(1):
-        self._room.wait(_POLL_S)
+        self._room.wait(POLL_S)
         return None
       ticket = self._tickets
       self._tickets += 1
@@ -209,17 +208,10 @@ class DeviceAsyncScheduler:
   # -- learner thread: update -------------------------------------------------
 
   def _learner_loop(self) -> None:
-    t = self.t
-    while not self._stopping():
-      batches = self.queue.get_batch(timeout=_POLL_S)
-      if batches is None:
-        continue
-      batch = concat_batches(batches)
-      with t.clock.stage("train", lane="learner"):
-        t.state, metrics = t.learner.update_segments(t.state, batch)
-        jax.block_until_ready(t.state)
-      self._publish(t.state)
-      with self._room:
-        self.queue.set_version(int(t.state.version))
-        self._room.notify_all()
-      t.after_update(metrics)
+    learner_loop(self.t, self.queue, self._stopping, concat_batches, self._publish_and_wake)
+
+  def _publish_and_wake(self, state) -> None:
+    self._publish(state)
+    with self._room:
+      self.queue.set_version(int(state.version))
+      self._room.notify_all()

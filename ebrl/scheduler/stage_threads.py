@@ -10,9 +10,11 @@ ends every thread within 10 s or is reported naming the ones still alive.
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from typing import Any, Callable
 
-_POLL_S = 0.05
+import jax
+
+POLL_S = 0.05
 _JOIN_S = 10.0
 
 
@@ -30,7 +32,7 @@ class StageThreads:
       th.start()
     try:
       while not self.stop.is_set():
-        self.stop.wait(_POLL_S)
+        self.stop.wait(POLL_S)
     finally:
       self.stop.set()
       on_stop()
@@ -49,3 +51,20 @@ class StageThreads:
       self.errors.append(e)
     finally:
       self.stop.set()
+
+
+def learner_loop(trainer, queue, stopping: Callable[[], bool], assemble: Callable[[list], Any],
+                 publish: Callable[[Any], None]) -> None:
+  """The learner stage of both asynchronous schedulers: an update on every batch the queue
+  releases, then `publish(state)` hands the new params to generation and wakes waiting groups."""
+  t = trainer
+  while not stopping():
+    items = queue.get_batch(timeout=POLL_S)
+    if items is None:
+      continue
+    batch = assemble(items)
+    with t.clock.stage("train", lane="learner"):
+      t.state, metrics = t.learner.update_segments(t.state, batch)
+      jax.block_until_ready(t.state)
+    publish(t.state)
+    t.after_update(metrics)

@@ -63,7 +63,7 @@ def make_adapter(name: str, num_envs: int, *, batch_size: int | None = None, num
   `render_camera` (with from_pixels): EnvPool's camera id, -1 for the free
   camera, or for MetaWorld a camera name (sim_adapters.render.METAWORLD_CAMERAS).
   `render_stage` (with from_pixels): state and pixels, the frames drawn by EBRL's
-  render stage (a render thread per adapter) instead of inside EnvPool's
+  render stage (as the envs come back) instead of inside EnvPool's
   pixel-only pools (sim_adapters/render_stage.py).
   """
   check_env_name(name)

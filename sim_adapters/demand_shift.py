@@ -25,15 +25,15 @@ slowed every other stage's Python on top of the CPU it took.
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import os
-import queue
-import threading
 import time
 
 import numpy as np
 
 from sim_adapters.base import StepBatch
+from sim_adapters.workers import StageWorkers
 
 _BUFFER = bytes(64 * 1024)
 
@@ -55,28 +55,14 @@ class DemandShiftAdapter:
     self.workers = workers or len(os.sched_getaffinity(0))
     self._start: float | None = None
     self.shifted_at: float | None = None  # time.time() when the shift began (for plots).
-    self._work: queue.SimpleQueue = queue.SimpleQueue()
-    self._threads: list[threading.Thread] = []
-    self._done: dict[int, threading.Event] = {}  # env id -> its share of the work finished.
+    self._workers = StageWorkers(self.workers, "shift")
+    self._done: dict[int, concurrent.futures.Future] = {}  # env id -> its share of the work.
 
   def __getattr__(self, name: str):
     return getattr(self.inner, name)
 
-  def _worker(self) -> None:
-    while True:
-      item = self._work.get()
-      if item is None:
-        return
-      seconds, done = item
-      burn_cpu(seconds)
-      done.set()
-
   def reset(self) -> None:
-    if not self._threads:  # Started here, so a scheduler that places sim threads adopts them.
-      self._threads = [threading.Thread(target=self._worker, name=f"shift{i}", daemon=True)
-                       for i in range(self.workers)]
-      for th in self._threads:
-        th.start()
+    self._workers.start()  # Here, so a scheduler that places sim threads adopts them.
     self.inner.reset()
     if self._start is None:
       self._start = time.perf_counter()
@@ -88,20 +74,19 @@ class DemandShiftAdapter:
       self.shifted_at = time.time()
     return True
 
-  def _start_work(self, env_ids: np.ndarray) -> list[threading.Event]:
+  def _start_work(self, env_ids: np.ndarray) -> list[concurrent.futures.Future]:
     """Splits the work of `env_ids` over the workers; each env waits for its part."""
-    events = []
+    parts = []
     for part in np.array_split(np.asarray(env_ids), min(self.workers, len(env_ids))):
-      done = threading.Event()
-      self._work.put((len(part) * self.extra_us * 1e-6, done))
+      done = self._workers.submit(burn_cpu, len(part) * self.extra_us * 1e-6)
       for i in part.tolist():
         self._done[i] = done
-      events.append(done)
-    return events
+      parts.append(done)
+    return parts
 
   def _wait_for(self, env_ids: np.ndarray) -> None:
-    for done in {id(e): e for e in (self._done.pop(i, None) for i in env_ids.tolist()) if e is not None}.values():
-      done.wait()
+    for done in {id(f): f for f in (self._done.pop(i, None) for i in env_ids.tolist()) if f is not None}.values():
+      done.result()
 
   def send(self, actions: np.ndarray, env_ids: np.ndarray) -> None:
     self.inner.send(actions, env_ids)
@@ -117,15 +102,12 @@ class DemandShiftAdapter:
     b = self.inner.step(actions)
     if self._shifted():
       for done in self._start_work(b.env_ids):
-        done.wait()
+        done.result()
     return b
 
   def can_recv(self) -> bool:
     return self.inner.can_recv()
 
   def close(self) -> None:
-    for _ in self._threads:
-      self._work.put(None)
-    for th in self._threads:
-      th.join(timeout=5.0)
+    self._workers.close()
     self.inner.close()

@@ -1,4 +1,4 @@
-"""The render stage: camera images next to the state, drawn on threads of their own.
+"""The render stage: camera images next to the state, drawn for the envs handed back.
 
 Why a stage: rendering is usually the heaviest CPU work of a pixel run (MetaWorld
 at 64x64 through Mesa: ~8.5 ms per frame against ~0.1 ms of physics), and a
@@ -8,21 +8,21 @@ stays a state pool and this wrapper renders the envs it hands back, and only
 those: an env waiting for its action is idle, so its frame is the observation
 it is about to act on, while the other envs keep stepping on EnvPool's workers.
 
-The frames of one recv are drawn by the stage's render worker, a thread
-started at the first reset, so a scheduler that places the simulator's threads
-on its cores (the resource manager's sim quota) places it too; with the ebrl
-scheduler it draws one group's envs while EnvPool's workers step the other's.
-Draws are serialised process-wide: EnvPool's render releases the GIL and two
-threads drawing at once ran ~1.6x faster, but segfaulted inside EnvPool's
-renderer after ~30k frames. Every worker's draw is a "render" span on lane render<i> of the run's
-clock when one is attached (`set_clock`): render time shows in trace.json and
-the timeline next to sim, gen and train.
+The frames of one recv are drawn on the thread that received them (an env
+group's thread, already placed on the sim quota): with the ebrl scheduler one
+group draws while EnvPool's workers step the other group's envs. Draws are
+serialised process-wide: EnvPool's render releases the GIL and two threads
+drawing at once ran ~1.6x faster, but segfaulted inside EnvPool's renderer
+after ~30k frames, so a thread of its own per stage would only wait on the
+same lock. Every draw is a "render" span on lane render<i> of the run's clock
+when one is attached (`set_clock`): render time shows in trace.json and the
+timeline next to sim, gen and train.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import queue
 import threading
 from typing import Callable
 
@@ -45,8 +45,8 @@ class RenderStage:
     self.num_envs = inner.num_envs
     self.spec = dataclasses.replace(inner.spec, obs={**inner.spec.obs, "pixels": ObsSpec((3, size, size),
                                                                                         np.dtype(np.uint8))})
-    self._work: queue.SimpleQueue = queue.SimpleQueue()
-    self._workers: list[threading.Thread] = []
+    self._lane = f"render{RenderStage._count}"  # Where its draws show on the timeline.
+    RenderStage._count += 1
     self._clock = None
     self.frames = 0
 
@@ -57,44 +57,18 @@ class RenderStage:
     """Records every draw as a "render" span (ebrl.telemetry.stages.StageClock)."""
     self._clock = clock
 
-  def _worker(self, i: int) -> None:
-    lane = f"render{i}"
-    while True:
-      item = self._work.get()
-      if item is None:
-        return
-      ids, out, done = item
-      try:
-        with _DRAW_LOCK:
-          if self._clock is not None:
-            with self._clock.stage("render", lane=lane):
-              out.append(self._render_fn(ids))
-          else:
-            out.append(self._render_fn(ids))
-      except BaseException as e:  # pylint: disable=broad-except
-        out.append(e)  # Handed to the caller, which raises it.
-      done.set()
-
   def _draw(self, env_ids: np.ndarray) -> np.ndarray:
-    out, done = [], threading.Event()
-    self._work.put((np.asarray(env_ids), out, done))
-    done.wait()
-    if isinstance(out[0], BaseException):
-      raise out[0]
+    span = self._clock.stage("render", lane=self._lane) if self._clock is not None else contextlib.nullcontext()
+    with _DRAW_LOCK, span:
+      frames = self._render_fn(env_ids)
     self.frames += len(env_ids)
-    return np.ascontiguousarray(out[0].transpose(0, 3, 1, 2))
+    return np.ascontiguousarray(frames.transpose(0, 3, 1, 2))
 
   def _with_pixels(self, b: StepBatch) -> StepBatch:
     b.obs["pixels"] = self._draw(b.env_ids)
     return b
 
   def reset(self) -> None:
-    if not self._workers:
-      self._workers = [threading.Thread(target=self._worker, args=(RenderStage._count,),
-                                        name=f"render{RenderStage._count}", daemon=True)]
-      RenderStage._count += 1
-      for th in self._workers:
-        th.start()
     self.inner.reset()
 
   def send(self, actions: np.ndarray, env_ids: np.ndarray) -> None:
@@ -113,8 +87,4 @@ class RenderStage:
     self.inner.reset_envs(env_ids)
 
   def close(self) -> None:
-    for _ in self._workers:
-      self._work.put(None)
-    for th in self._workers:
-      th.join(timeout=5.0)
     self.inner.close()

@@ -65,7 +65,7 @@ def test_shift_work_runs_on_workers_and_gates_each_env_until_done():
   full = sim.step(np.zeros((16, 2)))  # A barrier step pays its share before returning.
   assert len(full) == 16
   sim.close()
-  assert not any(th.is_alive() for th in sim._threads)
+  assert not any(th.is_alive() for th in sim._workers.threads)
 
 
 def test_shift_rejects_negative_settings():

@@ -76,6 +76,23 @@ def action_size(policy, spec: EnvSpec) -> int:
   return int(getattr(policy, "action_size", spec.action_dim))
 
 
+def check_chunk(spec: EnvSpec, chunk_size: int) -> None:
+  """ValueError unless chunks of `chunk_size` actions tile the env's action_dim as the env runs them."""
+  if chunk_size < 1 or spec.action_dim % chunk_size:
+    raise ValueError(f"chunk_size={chunk_size} must divide the env's action_dim {spec.action_dim}")
+  if spec.chunk_size != 1 and spec.chunk_size != chunk_size:
+    raise ValueError(f"chunk_size={chunk_size} but env '{spec.name}' executes chunks of {spec.chunk_size}")
+
+
+def check_instructions(policy_name: str, spec: EnvSpec, instructions) -> None:
+  """One instruction per task id (the "task" one-hot), or one for a single-task env."""
+  n = spec.obs["task"].shape[0] if "task" in spec.obs else 1
+  if len(instructions) != n:
+    raise IncompatibleObservationError(
+        f"policy '{policy_name}' got {len(instructions)} instructions for {n} tasks of env '{spec.name}' "
+        f"({'task one-hot' if 'task' in spec.obs else 'no task key'})")
+
+
 def check_compatible(policy_name: str, needs: tuple[str, ...], spec: EnvSpec) -> None:
   """Raises IncompatibleObservationError when the env lacks a key the policy reads."""
   missing = [k for k in needs if k not in spec.obs]

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ebrl import normalizer
-from policies.base import FlatInputs, Obs, Params, check_compatible, vector_inputs
+from policies.base import FlatInputs, Obs, Params, check_chunk, check_compatible, check_instructions, vector_inputs
 from policies.mlp import gaussian_logp
 from policies.tokenizer import InstructionTokenizer
 from sim_adapters.base import EnvSpec
@@ -115,14 +115,11 @@ class FlowPolicy(FlatInputs):
 
   def __post_init__(self):
     check_compatible(self.name, ("state",), self.spec)
-    spec_k = int(getattr(self.spec, "chunk_size", 1))
     if self.chunk_size is None:
-      object.__setattr__(self, "chunk_size", spec_k)
-    k = self.chunk_size
-    if k < 1 or self.spec.action_dim % k:
-      raise ValueError(f"chunk_size={k} must divide the env's action_dim {self.spec.action_dim}")
-    if spec_k != 1 and spec_k != k:
-      raise ValueError(f"chunk_size={k} but env '{self.spec.name}' executes chunks of {spec_k}")
+      object.__setattr__(self, "chunk_size", self.spec.chunk_size)
+    check_chunk(self.spec, self.chunk_size)
+    if self.instructions and "task" in self.spec.obs:
+      check_instructions(self.name, self.spec, self.instructions)
     if self.steps < 1:
       raise ValueError(f"steps must be >= 1, got {self.steps}")
     if not self.min_log_std < self.init_log_std < self.max_log_std:
@@ -170,15 +167,7 @@ class FlowPolicy(FlatInputs):
     """[tasks, vocab] word counts of each task's instruction, or None without instructions."""
     if not self.instructions or "task" not in self.spec.obs:
       return None
-    if len(self.instructions) != self.spec.obs["task"].shape[0]:
-      raise ValueError(f"{len(self.instructions)} instructions for {self.spec.obs['task'].shape[0]} tasks")
-    tok = InstructionTokenizer.from_texts(list(self.instructions))
-    ids = tok.encode_batch(list(self.instructions), 32)
-    words = np.zeros((len(self.instructions), tok.vocab_size), np.float32)
-    for row, seq in enumerate(ids):
-      for i in seq[seq > tok.unk_id]:
-        words[row, i] += 1.0
-    return words
+    return InstructionTokenizer.from_texts(self.instructions).word_counts(self.instructions)
 
   @property
   def cond_dim(self) -> int:

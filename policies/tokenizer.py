@@ -103,5 +103,14 @@ class InstructionTokenizer:
     """int32 [len(texts), length]."""
     return np.stack([self.encode(t, length) for t in texts]) if texts else np.zeros((0, length), np.int32)
 
+  def word_counts(self, texts: Sequence[str]) -> np.ndarray:
+    """float32 [len(texts), vocab_size]: how often each known word occurs in each text (a bag of words)."""
+    out = np.zeros((len(texts), self.vocab_size), np.float32)
+    for row, text in enumerate(texts):
+      for w in split_words(text):
+        if w in self._ids:
+          out[row, self._ids[w]] += 1.0
+    return out
+
   def decode(self, ids) -> str:
     return " ".join(self.vocab[int(i)] for i in np.asarray(ids).reshape(-1) if int(i) != self.pad_id)

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ebrl import normalizer
-from policies.base import IncompatibleObservationError, Obs, Params, check_compatible
+from policies.base import Obs, Params, check_chunk, check_compatible, check_instructions
 from policies.tokenizer import ActionTokenizer, InstructionTokenizer, split_words
 from sim_adapters.base import EnvSpec
 
@@ -164,19 +164,14 @@ class VLAPolicy:
       check_compatible(self.name, ("state",), self.spec)
     if self.decode not in DECODE_MODES:
       raise ValueError(f"decode must be one of {DECODE_MODES}, got '{self.decode}'")
-    if self.chunk_size < 1 or self.spec.action_dim % self.chunk_size:
-      raise ValueError(f"action_dim {self.spec.action_dim} is not a multiple of chunk_size {self.chunk_size}")
+    check_chunk(self.spec, self.chunk_size)
     if self.width % self.heads:
       raise ValueError(f"width {self.width} is not a multiple of heads {self.heads}")
     if not self.init_temperature > 0:
       raise ValueError(f"init_temperature must be > 0, got {self.init_temperature}")
     if self.instructions is not None:
       object.__setattr__(self, "instructions", tuple(self.instructions))
-      n = self.spec.obs["task"].shape[0] if "task" in self.spec.obs else 1
-      if len(self.instructions) != n:
-        raise IncompatibleObservationError(
-            f"policy '{self.name}' got {len(self.instructions)} instructions but env '{self.spec.name}' has "
-            f"{n} task(s) ({'task one-hot' if 'task' in self.spec.obs else 'no task key'})")
+      check_instructions(self.name, self.spec, self.instructions)
     self.action_tokenizer  # Validates the action bounds now rather than at the first trace.
 
   # -- sizes -------------------------------------------------------------------

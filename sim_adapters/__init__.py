@@ -111,7 +111,7 @@ def make_adapter(name: str, num_envs: int, *, batch_size: int | None = None, num
   else:
     from sim_adapters.envpool_adapter import EnvPoolAdapter
     adapter = EnvPoolAdapter(name, num_envs, **kwargs)
-  pool = getattr(adapter, "_pool", None)
+  simulator = adapter  # The wrappers below leave its frames to draw (render stage).
   if straggler_fraction != 0.0 or straggler_slowdown != 1.0:
     # Wrapped whenever either is set, so bad values are rejected; no delay when inactive.
     from sim_adapters.straggler import StragglerAdapter
@@ -125,7 +125,7 @@ def make_adapter(name: str, num_envs: int, *, batch_size: int | None = None, num
     adapter = ChunkAdapter(adapter, chunk_size, reward_type, gamma)
   if render_stage:  # Outermost: only the observation an env is handed back with is drawn.
     from sim_adapters.render_stage import RenderStage
-    adapter = RenderStage(adapter, pool.render, render_size)
+    adapter = RenderStage(adapter, simulator.render_frames, render_size)
   return adapter
 
 

@@ -211,6 +211,11 @@ class EnvPoolAdapter:
     self.send(actions, np.arange(self.num_envs, dtype=np.int32))
     return gather_all(self, self.num_envs)
 
+  def render_frames(self, env_ids: np.ndarray) -> np.ndarray:
+    """uint8 [len(env_ids), H, W, 3] camera frames of these envs' current state (a pool made with
+    render_mode="rgb_array"); envs in flight must not be drawn."""
+    return self._pool.render(np.asarray(env_ids))
+
   def reset_envs(self, env_ids: np.ndarray) -> None:
     self._needs_reset[np.asarray(env_ids, np.int32)] = True
 

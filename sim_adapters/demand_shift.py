@@ -52,10 +52,9 @@ class DemandShiftAdapter:
     if at_s < 0 or extra_us < 0:
       raise ValueError(f"demand shift needs at_s >= 0 and extra_us >= 0, got {at_s}, {extra_us}")
     self.inner, self.at_s, self.extra_us = inner, at_s, extra_us
-    self.workers = workers or len(os.sched_getaffinity(0))
     self._start: float | None = None
     self.shifted_at: float | None = None  # time.time() when the shift began (for plots).
-    self._workers = StageWorkers(self.workers, "shift")
+    self._workers = StageWorkers(workers or len(os.sched_getaffinity(0)), "shift")
     self._done: dict[int, concurrent.futures.Future] = {}  # env id -> its share of the work.
 
   def __getattr__(self, name: str):
@@ -77,7 +76,7 @@ class DemandShiftAdapter:
   def _start_work(self, env_ids: np.ndarray) -> list[concurrent.futures.Future]:
     """Splits the work of `env_ids` over the workers; each env waits for its part."""
     parts = []
-    for part in np.array_split(np.asarray(env_ids), min(self.workers, len(env_ids))):
+    for part in np.array_split(np.asarray(env_ids), min(self._workers.count, len(env_ids))):
       done = self._workers.submit(burn_cpu, len(part) * self.extra_us * 1e-6)
       for i in part.tolist():
         self._done[i] = done

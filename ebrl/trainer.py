@@ -161,6 +161,9 @@ class Trainer:
             **placement)
     except (UnsupportedEnvError, ValueError) as e:
       raise UserError(str(e)) from None
+    if self.resources is not None and cfg.env.render_stage:  # Draws get the render quota, not sim's.
+      from sim_adapters.render_stage import render_thread_ids
+      self.resources.enforcer.assign("render", render_thread_ids())
     # One group is the plain single-adapter case the sync and random schedulers drive.
     self.adapter = self.groups[0] if len(self.groups) == 1 else self.groups
 

@@ -64,8 +64,8 @@ def main(argv: list[str]) -> None:
     print(f"  train {p['samples']:>7} samples  {p['wall_s'] * 1e3:>8.1f} ms/update  {p['cpu_s'] * 1e3:>8.1f} ms CPU")
   for p in prof.assemble:
     print(f"  assemble batch {p['batch']:>5}  {p['cpu_us']:>8.1f} us/batch")
-  if prof.render:
-    print(f"  render {prof.render['cpu_us_per_step']:.1f} us CPU/step")
+  for p in prof.render or ():
+    print(f"  render batch {p['batch']:>5}  {p['wall_us'] / 1e3:>8.2f} ms/draw  {p['cpu_us'] / 1e3:>8.2f} ms CPU")
   print("\nplan:")
   for s, cores in plan.cpu_sets.items():
     print(f"  {s:<9} cores {list(cores)}  cost {plan.stage_cost_us[s]:7.1f} us/step  "

@@ -8,13 +8,14 @@ stays a state pool and this wrapper renders the envs it hands back, and only
 those: an env waiting for its action is idle, so its frame is the observation
 it is about to act on, while the other envs keep stepping on EnvPool's workers.
 
-The frames of one recv are drawn on the thread that received them (an env
-group's thread, already placed on the sim quota): with the ebrl scheduler one
-group draws while EnvPool's workers step the other group's envs. Draws are
-serialised process-wide: EnvPool's render releases the GIL and two threads
-drawing at once ran ~1.6x faster, but segfaulted inside EnvPool's renderer
-after ~30k frames, so a thread of its own per stage would only wait on the
-same lock. Every draw is a "render" span on lane render<i> of the run's clock
+Every draw of the process runs on one render thread (`render_thread_ids`),
+which the resource manager places on the render quota of its plan; Mesa's
+rasterizer threads (llvmpipe-*) are created by that thread's first draw and
+inherit its cores. One thread, because draws must not overlap: EnvPool's render
+releases the GIL, and two threads drawing at once ran ~1.6x faster but
+segfaulted inside EnvPool's renderer after ~30k frames. The receiving thread
+waits for its frames (EnvPool's workers meanwhile step the envs still in
+flight). Every draw is a "render" span on lane render<i> of the run's clock
 when one is attached (`set_clock`): render time shows in trace.json and the
 timeline next to sim, gen and train.
 """
@@ -29,9 +30,24 @@ from typing import Callable
 import numpy as np
 
 from sim_adapters.base import ObsSpec, StepBatch
+from sim_adapters.workers import StageWorkers
+
+_renderer: StageWorkers | None = None  # The process's render thread, started by the first RenderStage.
+_renderer_lock = threading.Lock()
 
 
-_DRAW_LOCK = threading.Lock()  # EnvPool's renderer is not safe to enter from two threads at once.
+def _render_workers() -> StageWorkers:
+  global _renderer
+  with _renderer_lock:
+    if _renderer is None:
+      _renderer = StageWorkers(1, "ebrl-render")
+      _renderer.start()
+    return _renderer
+
+
+def render_thread_ids() -> list[int]:
+  """Native ids of the thread every draw runs on (empty before any RenderStage exists)."""
+  return _renderer.native_ids if _renderer is not None else []
 
 
 class RenderStage:
@@ -49,6 +65,7 @@ class RenderStage:
     RenderStage._count += 1
     self._clock = None
     self.frames = 0
+    self._workers = _render_workers()
 
   def __getattr__(self, name: str):
     return getattr(self.inner, name)
@@ -57,15 +74,21 @@ class RenderStage:
     """Records every draw as a "render" span (ebrl.telemetry.stages.StageClock)."""
     self._clock = clock
 
-  def _draw(self, env_ids: np.ndarray) -> np.ndarray:
+  def _draw_here(self, env_ids: np.ndarray) -> np.ndarray:
     span = self._clock.stage("render", lane=self._lane) if self._clock is not None else contextlib.nullcontext()
-    with _DRAW_LOCK, span:
+    with span:
       frames = self._render_fn(env_ids)
-    self.frames += len(env_ids)
     return np.ascontiguousarray(frames.transpose(0, 3, 1, 2))
 
+  def draw(self, env_ids: np.ndarray) -> np.ndarray:
+    """uint8 [len(env_ids), 3, H, W] frames of these envs' current state, drawn on the render thread
+    (the envs must not be in flight)."""
+    frames = self._workers.submit(self._draw_here, np.asarray(env_ids)).result()
+    self.frames += len(env_ids)
+    return frames
+
   def _with_pixels(self, b: StepBatch) -> StepBatch:
-    b.obs["pixels"] = self._draw(b.env_ids)
+    b.obs["pixels"] = self.draw(b.env_ids)
     return b
 
   def reset(self) -> None:

@@ -23,6 +23,8 @@ class StageWorkers:
     self.count, self.name = count, name
     self._work: queue.SimpleQueue = queue.SimpleQueue()
     self._threads: list[threading.Thread] = []
+    self._native_ids: list[int] = []
+    self._started = threading.Barrier(count + 1)
 
   def start(self) -> None:
     """Starts the threads (once; later calls do nothing)."""
@@ -32,6 +34,7 @@ class StageWorkers:
                      for i in range(self.count)]
     for th in self._threads:
       th.start()
+    self._started.wait()  # Every thread exists and knows its native id when start() returns.
 
   def submit(self, fn: Callable[..., Any], *args) -> concurrent.futures.Future:
     future: concurrent.futures.Future = concurrent.futures.Future()
@@ -39,6 +42,8 @@ class StageWorkers:
     return future
 
   def _run(self) -> None:
+    self._native_ids.append(threading.get_native_id())
+    self._started.wait()
     while True:
       item = self._work.get()
       if item is None:
@@ -60,3 +65,8 @@ class StageWorkers:
   @property
   def threads(self) -> list[threading.Thread]:
     return list(self._threads)
+
+  @property
+  def native_ids(self) -> list[int]:
+    """The kernel's ids of the threads (what CPU affinity is set on)."""
+    return list(self._native_ids)

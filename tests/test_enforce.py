@@ -1,5 +1,6 @@
 """CPU quotas are really applied: every pin is read back from the kernel."""
 
+import ctypes
 import os
 import threading
 
@@ -86,3 +87,38 @@ def test_pin_xla_finds_xla_compute_threads_and_pins_them_to_gen_and_train():
   for tid, mask in e.readback().get("xla", {}).items():
     assert mask == first, tid
   assert found == len(e.readback().get("xla", {}))
+
+
+def test_assign_moves_a_thread_to_another_stage_and_pin_named_finds_threads_by_name():
+  if len(USABLE) < 2:
+    pytest.skip("needs two usable cores")
+  first, last = (USABLE[0],), (USABLE[-1],)
+  plan = _plan(first, last, last)
+  plan = plan.replace(cpu_sets={**plan.cpu_sets, "render": last})
+  e = enforce.Enforcer(plan)
+  stop = threading.Event()
+  started = threading.Event()
+  box = {}
+
+  def body():
+    box["tid"] = threading.get_native_id()
+    ctypes.CDLL(None).prctl(15, b"ebrl-test-draw", 0, 0, 0)  # PR_SET_NAME, as Mesa names its threads.
+    started.set()
+    stop.wait()
+
+  with e.adopt("sim"):
+    th = threading.Thread(target=body)
+    th.start()
+    started.wait()
+  try:
+    assert e.readback()["sim"][box["tid"]] == first
+    e.assign("render", [box["tid"]])
+    back = e.readback()
+    assert back["render"] == {box["tid"]: last} and box["tid"] not in back.get("sim", {})
+    e.apply(plan.replace(cpu_sets={**plan.cpu_sets, "render": first}))  # A re-plan moves it.
+    assert e.readback()["render"][box["tid"]] == first
+    e.assign("sim", [box["tid"]])
+    assert e.pin_named("render", "ebrl-test-draw") == 1 and e.readback()["render"] == {box["tid"]: first}
+  finally:
+    stop.set()
+    th.join()

@@ -153,3 +153,93 @@ def test_with_extra_adds_cpu_per_step_to_one_stage():
   assert p.with_extra("train", -100.0).train_cpu_us_per_step() == pytest.approx(2.0)  # Floor: a tenth.
   with pytest.raises(ValueError, match="unknown stage 'render'"):
     p.with_extra("render", 1.0)
+
+
+def with_render(p: Profile, cpu_per_frame: float, wall_per_frame: float, call_us: float = 0.0) -> Profile:
+  """`p` with a render stage whose draws cost call_us + per-frame µs (Mesa may spread a draw's CPU)."""
+  n = p.shape["num_envs"]
+  p.render = [{"batch": b, "wall_us": call_us + wall_per_frame * b, "cpu_us": call_us + cpu_per_frame * b}
+              for b in (n // 4, n // 2, n)]
+  return p
+
+
+RENDER_SHAPE = planner.RunShape(num_envs=64, multitask=False, rollout_length=16, segments_per_update=64,
+                                num_minibatches=4, render_stage=True)
+
+
+def test_render_stage_costs_and_caps_enter_the_model():
+  p = with_render(synthetic(), cpu_per_frame=300.0, wall_per_frame=150.0, call_us=64.0)
+  assert p.render_cpu_us(32) == pytest.approx(64.0 + 300.0 * 32)
+  assert p.render_wall_us(128) == pytest.approx((64.0 + 150.0 * 64) * 2)  # Per frame beyond the points.
+  costs = planner.stage_costs(p, groups=2, recv_batch=16)
+  assert costs["render"] == pytest.approx((64.0 + 300.0 * 16) / 16)
+  caps = planner.stage_caps(p, {"sim": (0, 1)}, 2, 2, 32, 16)
+  assert caps["render"] == pytest.approx(16 * 1e6 / (64.0 + 150.0 * 16))  # One draw at a time.
+  # Render on core 0 alone, the rest on 1-3: core 0 carries render, cores 1-3 the others.
+  layout = {"render": (0,), "sim": (1, 2, 3), "gen": (1, 2, 3), "train": (1, 2, 3), "assemble": (1, 2, 3)}
+  costs = {"sim": 90.0, "render": 250.0, "gen": 6.0, "train": 24.0, "assemble": 0.0}
+  rates, e2e, bottleneck = planner.predict(costs, layout, {s: math.inf for s in STAGES})
+  assert rates["render"] == pytest.approx(1e6 / 250.0) and rates["sim"] == pytest.approx(3e6 / 120.0)
+  assert e2e == pytest.approx(4000.0) and bottleneck == "render"
+
+
+def _brute_force_render(profile, cores, shape):
+  best = 0.0
+  for groups in (1, 2, 4):
+    per = shape.num_envs // groups
+    for recv in range(1, per):
+      if groups * (per - recv) < planner._in_flight_need(shape, cores):
+        continue
+      for _, layout in planner._layouts(cores, render=True):
+        best = max(best, planner._make("auto", profile, shape, layout, groups, recv).predicted_env_steps_per_s)
+  return best
+
+
+@pytest.mark.parametrize("cpu, wall", [(300.0, 300.0), (300.0, 100.0), (40.0, 40.0)])
+def test_auto_plan_with_a_render_stage_is_the_best_the_model_allows(cpu, wall):
+  p = with_render(synthetic(), cpu, wall, call_us=200.0)
+  cores = (0, 1, 2, 3)
+  plan = planner.plan_auto(p, cores, RENDER_SHAPE)
+  assert "render" in plan.cpu_sets and "render" in plan.stage_cost_us
+  assert plan.predicted_env_steps_per_s >= 0.95 * _brute_force_render(p, cores, RENDER_SHAPE)
+  assert plan.predicted_env_steps_per_s <= planner.work_conserving_bound(p, cores, RENDER_SHAPE)["env_steps_per_s"]
+
+
+def test_render_quota_is_sized_with_the_other_stages_and_naive_starves_it():
+  # Render: 300 µs CPU per frame spread over Mesa's threads (100 µs wall, cap 10,000 frames/s);
+  # sim 100 µs. Every core then carries an even share of 400+ µs per step: 4e6 / 400 per second.
+  # The equal split puts render beside sim on one core: that core carries both.
+  p = with_render(synthetic(sim_call=0.0, gen_call=0.0, gen_row=0.0, train_us=0.0), 300.0, 100.0)
+  plan = planner.plan_auto(p, (0, 1, 2, 3), RENDER_SHAPE)
+  expected = 4e6 / (100.0 + 300.0 + plan.stage_cost_us["assemble"])
+  assert plan.predicted_env_steps_per_s == pytest.approx(expected, rel=0.02)
+  assert len(plan.cpu_sets["render"]) == 4 and plan.predicted_rates["render"] == pytest.approx(expected, rel=0.02)
+  naive = planner.plan_naive(RENDER_SHAPE, (0, 1, 2, 3), 1, 32, p)
+  assert naive.cpu_sets["render"] == naive.cpu_sets["sim"] == (0,)  # Render beside sim in the equal split.
+  assert naive.predicted_env_steps_per_s == pytest.approx(1e6 / (100.0 + 300.0), rel=0.01)
+  assert naive.bottleneck == "render"
+
+
+def test_bound_counts_render_and_its_one_draw_at_a_time():
+  p = with_render(synthetic(), 300.0, 300.0)
+  cores = (0, 1, 2, 3)
+  bound = planner.work_conserving_bound(p, cores, RENDER_SHAPE)
+  assert bound["render_us"] == pytest.approx(300.0)
+  assert bound["env_steps_per_s"] == pytest.approx(1e6 / 300.0)  # Serial draws cap every schedule.
+  for groups, recv in itertools.product((1, 2), (8, 16, 24)):
+    for _, layout in planner._layouts(cores, render=True):
+      assert planner._make("auto", p, RENDER_SHAPE, layout, groups, recv).predicted_env_steps_per_s <= \
+          bound["env_steps_per_s"] + 1e-6
+
+
+def test_with_extra_moves_the_render_stage():
+  p = with_render(synthetic(), 300.0, 100.0)
+  q = p.with_extra("render", 50.0)
+  assert q.render_cpu_us(16) == pytest.approx(p.render_cpu_us(16) + 50.0 * 16)
+  assert q.render_wall_us(16) == pytest.approx(p.render_wall_us(16) + 50.0 * 16)
+
+
+def test_version_1_profiles_lose_their_render_difference():
+  d = synthetic().to_dict()
+  d["render"] = {"cpu_us_per_step": 8000.0}
+  assert Profile.from_dict(d).render is None

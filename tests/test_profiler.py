@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes.util
+import os
+
 import pytest
 
 from ebrl.resources import profiler
@@ -36,3 +39,18 @@ def test_a_failed_calibration_says_so(tmp_path, monkeypatch):
   cfg = _tiny(env="MetaWorld/NoSuchTask-v3")
   with pytest.raises(RuntimeError, match="calibration process failed"):
     profiler.load_or_measure(cfg, take_inventory(), log=lambda s: None, seconds=0.05)
+
+
+@pytest.mark.skipif(not ctypes.util.find_library("EGL"), reason="no libEGL on this machine (apt install libegl1)")
+def test_render_stage_is_profiled_as_its_own_stage():
+  """Draws are timed per call and grow with the frames; the simulator under a render stage is
+  timed as the state pool it is, without the frames."""
+  cfg = _tiny()
+  cfg.env.from_pixels, cfg.env.render_stage, cfg.env.render_size = True, True, 32
+  cores = tuple(sorted(os.sched_getaffinity(0)))
+  draws = profiler.measure_render(cfg, cores, [1, 4], seconds=0.2)
+  one, four = draws
+  assert (one["batch"], four["batch"]) == (1, 4)
+  assert four["wall_us"] > 2 * one["wall_us"] > 0 and four["cpu_us"] > 2 * one["cpu_us"] > 0
+  sim = profiler.measure_sim(cfg, cores, len(cores), None, seconds=0.2)
+  assert sim["cpu_us_per_step"] < one["cpu_us"] / 5  # Physics alone: far cheaper than a frame.

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import ctypes.util
+import os
 
 import numpy as np
 import pytest
 
+from ebrl.resources import enforce
 from ebrl.telemetry.stages import StageClock
 from ebrl.telemetry.trace import Tracer
 from sim_adapters.envpool_adapter import gather_all
@@ -59,3 +61,38 @@ def test_render_stage_needs_pixels_and_one_pool(make):
     make("MetaWorld/Reach-v3", 2, render_stage=True)
   with pytest.raises(ValueError, match="one pool per task"):
     make("MetaWorld/MT10", 10, from_pixels=True, render_stage=True)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two usable cores")
+def test_resource_manager_runs_the_draws_on_the_render_quota(tmp_path):
+  """resources=manual with quotas.render_cores: the render thread and Mesa's rasterizer threads run
+  on the render cores, EnvPool's workers on sim's, and the draws are timed as render spans."""
+  from ebrl.scheduler import make_scheduler
+  from ebrl.trainer import Trainer
+  from launch.configs import default
+  from sim_adapters.render_stage import render_thread_ids
+
+  usable = tuple(sorted(os.sched_getaffinity(0)))
+  first, last = str(usable[0]), str(usable[-1])
+  cfg = default.get_config()
+  cfg.scheduler, cfg.num_envs, cfg.rollout_length, cfg.total_env_steps = "ebrl", 8, 8, 256
+  cfg.env.from_pixels, cfg.env.render_stage, cfg.env.render_size = True, True, 32
+  cfg.policy.name, cfg.policy.hidden = "cnn", (16,)
+  cfg.algorithm.epochs, cfg.algorithm.num_minibatches, cfg.ebrl.num_groups = 1, 2, 2
+  cfg.resources = "manual"
+  cfg.quotas.sim_cores, cfg.quotas.gen_cores, cfg.quotas.train_cores, cfg.quotas.render_cores = first, last, last, last
+  cfg.checkpoint_every_s = 1e9
+  trainer = Trainer(cfg, str(tmp_path), progress=False)
+  enforcer = trainer.resources.enforcer
+  assert trainer.resources.plan.cpu_sets["render"] == (usable[-1],)
+  placed = enforcer.readback()
+  assert {placed["render"][t] for t in render_thread_ids()} == {(usable[-1],)}
+  assert set(render_thread_ids()).isdisjoint(placed["sim"])
+  assert placed["sim"] and set(placed["sim"].values()) == {(usable[0],)}  # EnvPool's workers.
+  make_scheduler("ebrl", trainer).run(256)
+  placed = enforcer.readback()
+  mesa = [t for t in placed["render"] if enforce.thread_name(t).startswith(enforce.MESA_THREAD_PREFIX)]
+  assert mesa and {placed["render"][t] for t in mesa} == {(usable[-1],)}
+  assert trainer.clock.snapshot()["render"] > 0
+  summary = trainer.finish()
+  assert summary["env_steps"] >= 256

@@ -10,7 +10,11 @@ inherits its creator's mask. So:
     thread_affinity_offset pins one worker per core, used where the plan gives
     one pool a dedicated block);
   - XLA's CPU compute pool (threads named tf_XLAEigen*) serves both the sampler
-    and the learner, so it gets the union of their quotas.
+    and the learner, so it gets the union of their quotas;
+  - the render stage's thread is created with the simulators (inside
+    adopt("sim")) and moved to its own quota (`assign`); Mesa's rasterizer
+    threads (llvmpipe-*), started by its first draw, inherit that quota and are
+    recorded by name (`pin_named`).
 A re-plan re-pins every recorded thread at once. Every pin is read back, and
 `readback()` reports what the kernel really applied.
 """
@@ -25,6 +29,7 @@ from typing import Iterator
 from ebrl.resources.plan import Plan
 
 XLA_THREAD_PREFIX = "tf_XLAEigen"
+MESA_THREAD_PREFIX = "llvmpipe"
 
 
 def parse_cores(text: str, usable: tuple[int, ...]) -> tuple[int, ...]:
@@ -91,6 +96,8 @@ class Enforcer:
   def _cores(self, stage: str) -> tuple[int, ...]:
     if stage == "xla":
       return tuple(sorted(set(self.plan.cpu_sets["gen"]) | set(self.plan.cpu_sets["train"])))
+    if stage == "render" and stage not in self.plan.cpu_sets:  # A plan made without a render stage.
+      return self.plan.cpu_sets["sim"]
     return self.plan.cpu_sets[stage]
 
   def _record(self, stage: str, tid: int) -> None:
@@ -113,14 +120,26 @@ class Enforcer:
       with contextlib.suppress(OSError):  # A thread that already ended.
         pin(tid, self._cores(stage))
 
+  def assign(self, stage: str, tids) -> None:
+    """These threads do `stage`'s work (whatever they were recorded as before) and are pinned."""
+    tids = set(tids)
+    with self._lock:
+      for owned in self._threads.values():
+        owned -= tids
+    for tid in tids:
+      self._record(stage, tid)
+      with contextlib.suppress(OSError):  # A thread that already ended.
+        pin(tid, self._cores(stage))
+
+  def pin_named(self, stage: str, prefix: str) -> int:
+    """Assigns every thread whose name starts with `prefix` to `stage`; returns how many."""
+    found = [t for t in thread_ids() if thread_name(t).startswith(prefix)]
+    self.assign(stage, found)
+    return len(found)
+
   def pin_xla(self) -> int:
     """Pins XLA's CPU compute threads to gen + train; returns how many were found."""
-    found = [t for t in thread_ids() if thread_name(t).startswith(XLA_THREAD_PREFIX)]
-    for tid in found:
-      self._record("xla", tid)
-      with contextlib.suppress(OSError):
-        pin(tid, self._cores("xla"))
-    return len(found)
+    return self.pin_named("xla", XLA_THREAD_PREFIX)
 
   def apply(self, plan: Plan) -> None:
     """A new plan: every recorded thread moves to its stage's new quota at once."""

@@ -23,15 +23,19 @@ from typing import Callable
 from ebrl import config as config_lib
 from ebrl.resources import planner, profiler
 from ebrl.resources.controller import CPU, Controller, Decision, Telemetry
-from ebrl.resources.enforce import Enforcer, format_cores, parse_cores
+from ebrl.resources.enforce import MESA_THREAD_PREFIX, Enforcer, format_cores, parse_cores
 from ebrl.resources.inventory import Inventory, take_inventory
 from ebrl.resources.plan import STAGES, Plan
 
 
 def manual_layout(cfg, usable: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
-  """quotas.{sim,gen,train}_cores parsed; ValueError naming the bad one."""
+  """quotas.{sim,gen,train}_cores (and render_cores, optional) parsed; ValueError naming the bad one."""
   layout = {}
-  for stage in ("sim", "gen", "train"):
+  render = bool(cfg.env.render_stage and cfg.quotas.get("render_cores"))
+  if cfg.quotas.get("render_cores") and not cfg.env.render_stage:
+    raise ValueError(f"quotas.render_cores='{cfg.quotas.render_cores}' places a render stage; "
+                     "this run has none (set env.render_stage=True, or leave render_cores empty)")
+  for stage in ("sim", "gen", "train") + (("render",) if render else ()):
     text = cfg.quotas[f"{stage}_cores"]
     if not text:
       raise ValueError(f"resources=manual needs quotas.{stage}_cores (a core list like '0-3'); "
@@ -87,6 +91,7 @@ class ResourceManager:
                                    cooldown_s=3 * cfg.quotas.control_interval_s, reference="measured",
                                    floor_share=1.0)
     self._t0 = time.time()
+    self._mesa_threads = 0
     self.events: list[dict] = []  # {"t": run wall_s, "label"} for the controller plot.
     for line in self.describe():
       log(line)
@@ -95,7 +100,7 @@ class ResourceManager:
 
   def describe(self) -> list[str]:
     p = self.plan
-    quotas = ", ".join(f"{s} {format_cores(c)}" for s, c in p.cpu_sets.items() if s != "assemble")
+    quotas = ", ".join(f"{s} {format_cores(p.cpu_sets[s])}" for s in STAGES if s in p.cpu_sets and s != "assemble")
     lines = [f"[resources] {p.mode}: {quotas}; {p.num_groups} group(s), recv {p.recv_batch}, "
              f"gen batch {p.max_gen_batch}, {p.sim_threads} EnvPool thread(s)/pool"]
     if math.isfinite(p.predicted_env_steps_per_s):
@@ -124,12 +129,16 @@ class ResourceManager:
 
   def observe(self, trainer) -> Decision | None:
     """After every update: feeds the controller; applies and announces a re-plan."""
+    if self.cfg.env.render_stage and not self._mesa_threads:
+      # Mesa's rasterizer threads appear with the first draw (on the render thread, whose cores
+      # they inherit); recorded so that a re-plan moves them with it.
+      self._mesa_threads = self.enforcer.pin_named("render", MESA_THREAD_PREFIX)
     if self.controller is None:
       return None
     cpu = os.times()
     busy = trainer.clock.snapshot()
     tel = Telemetry(t=time.time() - self._t0, env_steps=trainer.env_steps, cpu_s=cpu.user + cpu.system,
-                    busy_s={s: busy[s] for s in ("sim", "gen", "train")},
+                    busy_s={s: busy[s] for s in ("sim", "render", "gen", "train") if s in busy},
                     staleness_mean=trainer.staleness_mean())
     decision = self.controller.observe(tel)
     if decision is not None:

@@ -5,6 +5,8 @@ per env step (closing transitions, queueing segments), which competes for the
 same cores:
 
   sim       EnvPool workers and the threads that recv/send for them
+  render    the render stage's draws (runs with env.render_stage only: the
+            render thread and Mesa's rasterizer threads)
   gen       the sampler: policy inference on ready envs
   train     the learner's update
   assemble  per-step bookkeeping on the host (assembler, episode tracker)
@@ -15,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-STAGES = ("sim", "gen", "train", "assemble")
+STAGES = ("sim", "render", "gen", "train", "assemble")  # A plan holds the ones its run has.
 MODES = ("auto", "naive", "manual")
 
 

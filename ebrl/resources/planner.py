@@ -12,8 +12,10 @@ bottleneck.
 The planner enumerates the choices that move those numbers - env groups, the
 recv batch (bigger amortises per-call costs, smaller keeps more envs in
 flight), the generation batch, and core layouts (one shared pool, or sim on a
-dedicated block with generation and training beside it) - and keeps the best
-prediction. The *work-conserving bound* is what any schedule could reach with
+dedicated block with generation and training beside it; a render stage with
+the simulator, on every core, or on a block of its own) - and keeps the best
+prediction. The render stage draws on one thread at a time, so its cap is one
+draw after another; its cores serve Mesa's rasterizer threads. The *work-conserving bound* is what any schedule could reach with
 these stage costs on these cores: every core busy all the time at the cheapest
 batching (one generation call for all envs), i.e. cores / total cost per step.
 
@@ -41,61 +43,87 @@ class RunShape:
   segments_per_update: int
   num_minibatches: int
   max_wait_ms: float = 1.0
+  render_stage: bool = False  # env.render_stage: frames drawn by a stage of their own.
 
   @classmethod
   def from_config(cls, cfg) -> "RunShape":
     return cls(num_envs=cfg.num_envs, multitask=cfg.env.name == "MetaWorld/MT10",
                rollout_length=cfg.rollout_length, segments_per_update=cfg.ebrl.segments_per_update or cfg.num_envs,
-               num_minibatches=cfg.algorithm.num_minibatches, max_wait_ms=cfg.ebrl.max_wait_ms)
+               num_minibatches=cfg.algorithm.num_minibatches, max_wait_ms=cfg.ebrl.max_wait_ms,
+               render_stage=bool(cfg.env.render_stage))
 
 
 def stage_costs(profile: Profile, groups: int, recv_batch: int) -> dict[str, float]:
   """CPU µs per env step of every stage when groups deliver recv_batch rows per recv and the
   sampler merges one recv of each group per generation call."""
   gen_batch = recv_batch * groups
-  return {"sim": profile.sim_cpu_us(recv_batch),
-          "gen": profile.gen_cpu_us(gen_batch) / gen_batch,
-          "train": profile.train_cpu_us_per_step(),
-          "assemble": profile.assemble_cpu_us(gen_batch) / gen_batch}
+  costs = {"sim": profile.sim_cpu_us(recv_batch),
+           "gen": profile.gen_cpu_us(gen_batch) / gen_batch,
+           "train": profile.train_cpu_us_per_step(),
+           "assemble": profile.assemble_cpu_us(gen_batch) / gen_batch}
+  if profile.render:  # Every recv's envs are drawn in one call.
+    costs["render"] = profile.render_cpu_us(recv_batch) / recv_batch
+  return costs
 
 
 def stage_caps(profile: Profile, cpu_sets: dict[str, tuple[int, ...]], sim_threads: int, pools: int,
-               gen_batch: int) -> dict[str, float]:
+               gen_batch: int, recv_batch: int) -> dict[str, float]:
   """Each stage's rate limit from its own parallelism, whatever the other stages do."""
   workers = min(sim_threads * pools, len(cpu_sets["sim"]))
-  return {"sim": profile.sim_rate(workers),
+  caps = {"sim": profile.sim_rate(workers),
           "gen": gen_batch * 1e6 / max(profile.gen_wall_us(gen_batch), 1e-9),
           "train": profile.train_rate(),
           "assemble": math.inf}
+  if profile.render:  # One draw at a time, whichever group it serves.
+    caps["render"] = recv_batch * 1e6 / max(profile.render_wall_us(recv_batch), 1e-9)
+  return caps
 
 
 def predict(costs: dict[str, float], cpu_sets: dict[str, tuple[int, ...]],
             caps: dict[str, float]) -> tuple[dict[str, float], float, str]:
-  """(rate each stage sustains on its quota, e2e rate, bottleneck) under the core-load model."""
+  """(rate each stage sustains on its quota, e2e rate, bottleneck) under the core-load model,
+  over the stages `costs` names (each needs a core set and a cap)."""
+  stages = [s for s in STAGES if s in costs]
   load: dict[int, float] = {}
-  for s in STAGES:
+  for s in stages:
     for c in cpu_sets[s]:
       load[c] = load.get(c, 0.0) + costs[s] / len(cpu_sets[s])
   rates = {}
-  for s in STAGES:
+  for s in stages:
     worst = max(load[c] for c in cpu_sets[s])
     rates[s] = min(caps[s], 1e6 / worst if worst > 0 else math.inf)
   e2e = min(rates.values())
   # Ties (stages sharing the most loaded cores) name the one that costs the most there.
-  bottleneck = min(STAGES, key=lambda s: (rates[s], -costs[s]))
+  bottleneck = min(stages, key=lambda s: (rates[s], -costs[s]))
   return rates, e2e, bottleneck
 
 
-def _layouts(cores: tuple[int, ...]) -> Iterable[tuple[str, dict[str, tuple[int, ...]]]]:
-  """Shared pool, then sim on a leading block with the rest shared or split gen | train."""
+def _base_layouts(cores: tuple[int, ...], splits: bool = True) -> Iterable[tuple[str, dict[str, tuple[int, ...]]]]:
+  """Shared pool, then sim on a leading block with the rest shared or (splits) gen | train."""
   all_ = tuple(cores)
-  yield "shared", {s: all_ for s in STAGES}
+  yield "shared", {s: all_ for s in ("sim", "gen", "train", "assemble")}
   n = len(cores)
   for k in range(1, n):
     sim, rest = all_[:k], all_[k:]
     yield f"sim{k}", {"sim": sim, "gen": rest, "train": rest, "assemble": rest}
-    for m in range(1, len(rest)):
+    for m in range(1, len(rest) if splits else 1):
       yield f"sim{k}-gen{m}", {"sim": sim, "gen": rest[:m], "assemble": rest[:m], "train": rest[m:]}
+
+
+def _layouts(cores: tuple[int, ...], render: bool = False) -> Iterable[tuple[str, dict[str, tuple[int, ...]]]]:
+  """The base layouts; with a render stage, each with render beside sim or on every core, then
+  render on a leading block of its own with the base layouts (no gen | train split) after it."""
+  if not render:
+    yield from _base_layouts(cores)
+    return
+  all_ = tuple(cores)
+  for name, layout in _base_layouts(cores):
+    yield f"{name}-render_with_sim", {**layout, "render": layout["sim"]}
+    if layout["sim"] != all_:
+      yield f"{name}-render_shared", {**layout, "render": all_}
+  for r in range(1, len(cores)):
+    for name, layout in _base_layouts(all_[r:], splits=False):
+      yield f"render{r}-{name}", {**layout, "render": all_[:r]}
 
 
 def _group_choices(shape: RunShape) -> list[int]:
@@ -126,16 +154,19 @@ def _sim_threads(layout: dict[str, tuple[int, ...]], groups: int, shape: RunShap
 
 def _make(mode: str, profile: Profile, shape: RunShape, layout: dict, groups: int, recv: int,
           notes: tuple[str, ...] = (), threads: int = 0) -> Plan:
+  if profile.render and "render" not in layout:  # A render stage no layout placed draws beside sim.
+    layout = {**layout, "render": layout["sim"]}
   auto_threads, pools = _sim_threads(layout, groups, shape)
   threads = threads or auto_threads
   gen_batch = recv * groups
   costs = stage_costs(profile, groups, recv)
-  caps = stage_caps(profile, layout, threads, pools, gen_batch)
+  caps = stage_caps(profile, layout, threads, pools, gen_batch, recv)
   rates, e2e, bottleneck = predict(costs, layout, caps)
   sim = layout["sim"]
   contiguous = list(sim) == list(range(sim[0], sim[0] + len(sim)))
   # EnvPool pins worker i to core offset + i: only meaningful for one pool on a dedicated block.
-  offset = sim[0] if (pools == 1 and contiguous and set(sim).isdisjoint(layout["gen"]) and threads == len(sim)) else -1
+  others = set(layout["gen"]) | set(layout.get("render", ()))
+  offset = sim[0] if (pools == 1 and contiguous and set(sim).isdisjoint(others) and threads == len(sim)) else -1
   return Plan(mode=mode, cpu_sets={k: tuple(v) for k, v in layout.items()}, sim_threads=threads,
               thread_affinity_offset=offset, num_groups=groups, recv_batch=recv, max_gen_batch=gen_batch,
               max_wait_ms=shape.max_wait_ms, num_minibatches=shape.num_minibatches, stage_cost_us=costs,
@@ -152,7 +183,7 @@ def plan_auto(profile: Profile, cores: tuple[int, ...], shape: RunShape, notes: 
   for groups in ([fixed[0]] if fixed else _group_choices(shape)):
     per_group = shape.num_envs // groups
     for recv in ([fixed[1]] if fixed else _recv_choices(per_group, groups, _in_flight_need(shape, cores))):
-      for order, (_, layout) in enumerate(_layouts(cores)):
+      for order, (_, layout) in enumerate(_layouts(cores, render=bool(profile.render))):
         plan = _make("auto", profile, shape, layout, groups, recv, notes)
         key = (round(plan.predicted_env_steps_per_s, 6), -groups, recv, -order)
         if best_key is None or key > best_key:
@@ -162,16 +193,18 @@ def plan_auto(profile: Profile, cores: tuple[int, ...], shape: RunShape, notes: 
   return best
 
 
-def naive_layout(cores: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+def naive_layout(cores: tuple[int, ...], render: bool = False) -> dict[str, tuple[int, ...]]:
   """Equal split: sim, gen and train each get a contiguous third of the cores (the last takes the
   remainder); with fewer cores than stages, the later stages share the last block. Bookkeeping
-  runs on the sampler's thread, so it shares gen's block."""
+  runs on the sampler's thread, so it shares gen's block; a render stage is part of the
+  simulator's side and shares sim's."""
   n = len(cores)
   blocks = min(n, 3)
   size = n // blocks
   bounds = [(i * size, (i + 1) * size if i < blocks - 1 else n) for i in range(blocks)]
   get = lambda i: tuple(cores[bounds[min(i, blocks - 1)][0]:bounds[min(i, blocks - 1)][1]])
-  return {"sim": get(0), "gen": get(1), "assemble": get(1), "train": get(2)}
+  layout = {"sim": get(0), "gen": get(1), "assemble": get(1), "train": get(2)}
+  return {**layout, "render": layout["sim"]} if render else layout
 
 
 def _unpredicted(mode: str, shape: RunShape, layout: dict, groups: int, recv: int, threads: int) -> Plan:
@@ -184,7 +217,7 @@ def _unpredicted(mode: str, shape: RunShape, layout: dict, groups: int, recv: in
 def plan_naive(shape: RunShape, cores: tuple[int, ...], groups: int, recv: int,
                profile: Profile | None = None) -> Plan:
   """Equal split, the config's own batch sizes, no runtime feedback."""
-  layout = naive_layout(cores)
+  layout = naive_layout(cores, render=shape.render_stage)
   if profile is not None:
     return _make("naive", profile, shape, layout, groups, recv)
   return _unpredicted("naive", shape, layout, groups, recv, _sim_threads(layout, groups, shape)[0])
@@ -192,8 +225,11 @@ def plan_naive(shape: RunShape, cores: tuple[int, ...], groups: int, recv: int,
 
 def plan_manual(shape: RunShape, layout: dict[str, tuple[int, ...]], groups: int, recv: int, threads: int,
                 profile: Profile | None = None) -> Plan:
-  """The user's core sets and sizes, with a prediction when a profile is at hand."""
+  """The user's core sets and sizes (a render stage without its own: sim's), with a prediction
+  when a profile is at hand."""
   layout = {**layout, "assemble": layout["gen"]}
+  if shape.render_stage and "render" not in layout:
+    layout["render"] = layout["sim"]
   threads = threads or _sim_threads(layout, groups, shape)[0]
   if profile is None:
     return _unpredicted("manual", shape, layout, groups, recv, threads)
@@ -207,8 +243,12 @@ def work_conserving_bound(profile: Profile, cores: tuple[int, ...], shape: RunSh
   costs = {"sim": profile.sim_sync_cpu_us(), "gen": profile.gen_cpu_us(n) / n,
            "train": profile.train_cpu_us_per_step(),
            "assemble": profile.assemble_cpu_us(n) / n}
+  rate = profile.sim_rate(len(cores))
+  if profile.render:  # Draws one after another: capped by back-to-back draws of every env.
+    costs["render"] = profile.render_cpu_us(n) / n
+    rate = min(rate, n * 1e6 / max(profile.render_wall_us(n), 1e-9))
   total = sum(costs.values())
-  rate = min(len(cores) * 1e6 / total, profile.sim_rate(len(cores)))
+  rate = min(len(cores) * 1e6 / total, rate)
   return {"env_steps_per_s": rate, "cpu_us_per_step": total, **{f"{k}_us": v for k, v in costs.items()}}
 
 

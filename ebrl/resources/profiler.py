@@ -15,6 +15,7 @@ so it is saved as JSON (`profile.json`) and reused while both match
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -29,9 +30,12 @@ from ebrl.resources.inventory import Inventory
 _WARMUP_S = 0.2
 
 
+PROFILE_VERSION = 2  # Bumped when what a profile measures changes: older cached files are measured again.
+
+
 def run_shape(cfg) -> dict[str, Any]:
   """The config values a profile depends on (anything else may change freely)."""
-  return {"env": cfg.env.name, "num_envs": int(cfg.num_envs), "from_pixels": bool(cfg.env.from_pixels),
+  return {"version": PROFILE_VERSION, "env": cfg.env.name, "num_envs": int(cfg.num_envs), "from_pixels": bool(cfg.env.from_pixels),
           "render_stage": bool(cfg.env.render_stage), "chunk_size": int(cfg.policy.chunk_size),
           "render_size": int(cfg.env.render_size), "policy": cfg.policy.name,
           "hidden": [int(h) for h in cfg.policy.hidden], "rollout_length": int(cfg.rollout_length),
@@ -49,7 +53,9 @@ class Profile:
   gen:      {batch, wall_us, cpu_us} per sampler call (batches are powers of two: the sampler pads)
   train:    {samples, wall_s, cpu_s} per update
   assemble: {batch, cpu_us} per batch of rows closed and started
-  render:   {cpu_us_per_step} the pixels add to sim (only when the run renders)
+  render:   {batch, wall_us, cpu_us} per draw of the render stage (env.render_stage only; then
+            `sim` is the state simulator alone. EnvPool's pixel pools draw inside their workers,
+            so there rendering is part of `sim`)
   """
   fingerprint: dict[str, Any]
   shape: dict[str, Any]
@@ -57,7 +63,7 @@ class Profile:
   gen: list[dict[str, float]]
   train: list[dict[str, float]]
   assemble: list[dict[str, float]]
-  render: dict[str, float] | None = None
+  render: list[dict[str, float]] | None = None
   measured_s: float = 0.0
 
   # -- what the planner reads --------------------------------------------------
@@ -116,13 +122,35 @@ class Profile:
     pts = sorted((p["batch"], p["cpu_us"]) for p in self.assemble)
     return float(np.interp(batch, [b for b, _ in pts], [v for _, v in pts]))
 
+  def _render(self, batch: int, key: str) -> float:
+    """Per-draw cost at `batch` frames: linear in the frames between points, per-frame beyond."""
+    pts = sorted((p["batch"], p[key]) for p in self.render or ())
+    if not pts:
+      return 0.0
+    xs, ys = [b for b, _ in pts], [v for _, v in pts]
+    if batch > xs[-1]:
+      return ys[-1] * batch / xs[-1]
+    if batch < xs[0]:
+      return ys[0] * batch / xs[0]
+    return float(np.interp(batch, xs, ys))
+
+  def render_cpu_us(self, batch: int) -> float:
+    """CPU µs of one draw of `batch` frames (0 without a render stage)."""
+    return self._render(batch, "cpu_us")
+
+  def render_wall_us(self, batch: int) -> float:
+    return self._render(batch, "wall_us")
+
   def to_dict(self) -> dict[str, Any]:
     return dataclasses.asdict(self)
 
   @classmethod
   def from_dict(cls, d: dict[str, Any]) -> "Profile":
     names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in d.items() if k in names})  # Older files may carry retired keys.
+    d = {k: v for k, v in d.items() if k in names}  # Older files may carry retired keys.
+    if not isinstance(d.get("render"), list):  # Version 1 kept a sim difference here, not draws.
+      d["render"] = None
+    return cls(**d)
 
   def scaled(self, stage: str, factor: float) -> "Profile":
     """This profile with one stage's costs multiplied (runtime feedback: the stage got heavier)."""
@@ -142,6 +170,10 @@ class Profile:
     elif stage == "assemble":
       for p in d["assemble"]:
         p["cpu_us"] *= factor
+    elif stage == "render":
+      for p in d["render"] or ():
+        p["cpu_us"] *= factor
+        p["wall_us"] *= factor
     return Profile.from_dict(d)
 
   def with_extra(self, stage: str, us_per_step: float) -> "Profile":
@@ -171,8 +203,13 @@ class Profile:
     elif stage == "assemble":
       for p in d["assemble"]:
         p["cpu_us"] = max(p["cpu_us"] + x * p["batch"], 0.1 * p["cpu_us"])
+    elif stage == "render" and d["render"]:
+      for p in d["render"]:
+        p["cpu_us"] = max(p["cpu_us"] + x * p["batch"], 0.1 * p["cpu_us"])
+        p["wall_us"] = max(p["wall_us"] + x * p["batch"], 0.1 * p["wall_us"])
     else:
-      raise ValueError(f"unknown stage {stage!r}; stages: sim, gen, train, assemble")
+      stages = "sim, gen, train, assemble" + (", render" if d["render"] else "")
+      raise ValueError(f"unknown stage {stage!r}; stages: {stages}")
     return Profile.from_dict(d)
 
 
@@ -202,10 +239,12 @@ def measure_sim(cfg, cores: tuple[int, ...], threads: int, batch: int | None, se
   n = cfg.num_envs
   before, mine = enforce.thread_ids(), tuple(sorted(os.sched_getaffinity(0)))
   enforce.pin(0, cores)
+  # A render stage is a stage of its own (measure_render): the simulator under it is a state pool.
+  pixels = cfg.env.from_pixels and not cfg.env.render_stage
   adapter = make_adapter(cfg.env.name, n, batch_size=batch, num_threads=threads, seed=cfg.seed,
-                         max_episode_steps=cfg.env.max_episode_steps, from_pixels=cfg.env.from_pixels,
-                         render_size=cfg.env.render_size, render_stage=cfg.env.render_stage,
-                         chunk_size=cfg.policy.chunk_size, reward_type=cfg.env.reward_type)
+                         max_episode_steps=cfg.env.max_episode_steps, from_pixels=pixels,
+                         render_size=cfg.env.render_size, chunk_size=cfg.policy.chunk_size,
+                         reward_type=cfg.env.reward_type)
   rng = np.random.default_rng(0)
   spec = adapter.spec
   low, high = spec.action_low, spec.action_high
@@ -233,6 +272,41 @@ def measure_sim(cfg, cores: tuple[int, ...], threads: int, batch: int | None, se
   return {"cores": len(cores), "threads": threads, "batch": batch or n, "async": batch is not None,
           "env_steps_per_s": steps / wall,
           "cpu_us_per_step": cpu * 1e6 / max(steps, 1)}
+
+
+def measure_render(cfg, cores: tuple[int, ...], batches: list[int], seconds: float) -> list[dict[str, float]]:
+  """Times the render stage's draws of `batch` frames (on its render thread, with Mesa's threads,
+  all pinned to `cores`), from states a few random steps into their episodes."""
+  from ebrl.resources import enforce
+  from sim_adapters import make_adapter
+  from sim_adapters.envpool_adapter import gather_all
+
+  n = cfg.num_envs
+  before, mine = enforce.thread_ids(), tuple(sorted(os.sched_getaffinity(0)))
+  enforce.pin(0, cores)
+  adapter = make_adapter(cfg.env.name, n, num_threads=len(cores), seed=cfg.seed,
+                         max_episode_steps=cfg.env.max_episode_steps, from_pixels=True,
+                         render_size=cfg.env.render_size, render_stage=True)
+  from sim_adapters.render_stage import render_thread_ids
+  out = []
+  try:
+    adapter.reset()
+    gather_all(adapter, n)
+    rng = np.random.default_rng(0)
+    spec = adapter.spec
+    for _ in range(3):
+      adapter.step(rng.uniform(spec.action_low, spec.action_high, (n, spec.action_dim)).astype(np.float32))
+    for tid in (enforce.thread_ids() - before) | set(render_thread_ids()):  # Render and Mesa threads.
+      with contextlib.suppress(OSError):
+        enforce.pin(tid, cores)
+    for b in batches:
+      ids = np.arange(b, dtype=np.int32) % n
+      _, wall, cpu, calls = _timed(lambda: (adapter.draw(ids), b)[1], seconds)
+      out.append({"batch": b, "wall_us": wall * 1e6 / calls, "cpu_us": cpu * 1e6 / calls})
+  finally:
+    adapter.close()
+    enforce.pin(0, mine)
+  return out
 
 
 def _zeros_obs(spec, n: int) -> dict[str, np.ndarray]:
@@ -340,12 +414,10 @@ def measure(cfg, inventory: Inventory, *, policy=None, spec=None, full: bool = F
     if 1 <= b < n:
       sim.append(measure_sim(cfg, usable, threads(len(usable)), b, seconds))
   render = None
-  if cfg.env.from_pixels:
-    plain = cfg.copy_and_resolve_references()
-    plain.env.from_pixels = plain.env.render_stage = False
-    base = measure_sim(plain, usable, threads(len(usable)), None, seconds)
-    with_px = next(p for p in sim if p["cores"] == len(usable) and p["batch"] == n)
-    render = {"cpu_us_per_step": max(0.0, with_px["cpu_us_per_step"] - base["cpu_us_per_step"])}
+  if cfg.env.render_stage:
+    batches = sorted({max(1, n // 4), max(1, n // 2), n})
+    log(f"[profile] render: draws of {batches} frames")
+    render = measure_render(cfg, usable, batches, seconds)
   if spec is None:
     from sim_adapters import make_adapter
     probe = make_adapter(cfg.env.name, min(n, 10 if cfg.env.name == "MetaWorld/MT10" else 1),

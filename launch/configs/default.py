@@ -95,6 +95,7 @@ def get_config() -> ml_collections.ConfigDict:
       sim_cores="",  # resources=manual: core lists like "0-3".
       gen_cores="",
       train_cores="",
+      render_cores="",  # resources=manual with env.render_stage: "" = beside sim.
       sim_threads=0,  # resources=manual: EnvPool threads per pool; 0 = one per sim core.
   ))
   c.warm_start = ""  # Policy params to start from: a launch.train workdir/checkpoint or a launch.bc --out dir.

@@ -91,7 +91,7 @@ class _Window:
     t0, s0, c0, cpu0 = self.start
     t1, s1, c1, cpu1 = end
     wall = t1 - t0
-    busy = {k: (c1[k] - c0[k]) / wall for k in ("sim", "gen", "train")}
+    busy = {k: (c1[k] - c0.get(k, 0.0)) / wall for k in ("sim", "render", "gen", "train") if k in c1}
     steps = s1 - s0
     cores = (cpu1 - cpu0) / wall
     us_per_step = (cpu1 - cpu0) * 1e6 / max(steps, 1)
@@ -196,13 +196,14 @@ def main(argv: list[str]) -> None:
          "machine": machine_info(), "results": results, "ratios": ratios, "bound": out_bound}
   with open(_OUT.value, "w") as f:
     json.dump(out, f, indent=2)
-  print(f"\n{'scheduler':<12}{'e2e steps/s':>14}{'rollout steps/s':>18}{'sim':>7}{'gen':>7}{'train':>7}"
-        f"{'cores':>7}{'us/step':>9}{'bound':>12}")
+  stages = [s for s in ("sim", "render", "gen", "train") if any(s in r["stage_busy"] for r in results.values())]
+  print(f"\n{'scheduler':<12}{'e2e steps/s':>14}{'rollout steps/s':>18}" + "".join(f"{s:>7}" for s in stages)
+        + f"{'cores':>7}{'us/step':>9}{'bound':>12}")
   for name, r in results.items():
     b = r["stage_busy"]
     print(f"{name:<12}{r['e2e_env_steps_per_s']:>14,.0f}{r['rollout_env_steps_per_s']:>18,.0f}"
-          f"{b['sim']:>7.2f}{b['gen']:>7.2f}{b['train']:>7.2f}{r['cpu_cores_used']:>7.2f}"
-          f"{r['cpu_us_per_env_step']:>9.1f}{r['work_conserving_env_steps_per_s']:>12,.0f}")
+          + "".join(f"{b.get(s, 0.0):>7.2f}" for s in stages)
+          + f"{r['cpu_cores_used']:>7.2f}{r['cpu_us_per_env_step']:>9.1f}{r['work_conserving_env_steps_per_s']:>12,.0f}")
   for name, r in results.items():
     if r.get("resources"):
       pred = r["resources"]["predicted_env_steps_per_s"]

@@ -244,9 +244,9 @@ def work_conserving_bound(profile: Profile, cores: tuple[int, ...], shape: RunSh
            "train": profile.train_cpu_us_per_step(),
            "assemble": profile.assemble_cpu_us(n) / n}
   rate = profile.sim_rate(len(cores))
-  if profile.render:  # Draws one after another: capped by back-to-back draws of every env.
-    costs["render"] = profile.render_cpu_us(n) / n
-    rate = min(rate, n * 1e6 / max(profile.render_wall_us(n), 1e-9))
+  if profile.render:  # Draws one after another: capped by back-to-back draws at the cheapest batch.
+    costs["render"] = min(p["cpu_us"] / p["batch"] for p in profile.render)
+    rate = min(rate, max(p["batch"] * 1e6 / max(p["wall_us"], 1e-9) for p in profile.render))
   total = sum(costs.values())
   rate = min(len(cores) * 1e6 / total, rate)
   return {"env_steps_per_s": rate, "cpu_us_per_step": total, **{f"{k}_us": v for k, v in costs.items()}}

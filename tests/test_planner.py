@@ -50,7 +50,7 @@ def test_predict_matches_a_hand_computed_core_load():
   assert e2e == pytest.approx(4e6 / 126.0) and bottleneck == "sim"
 
 
-def _brute_force(profile, cores, shape):
+def _brute_force(profile, cores, shape, render=False):
   """Every group count, recv batch and layout the planner may choose, scored by the same model."""
   best = 0.0
   for groups in (1, 2, 4):
@@ -58,7 +58,7 @@ def _brute_force(profile, cores, shape):
     for recv in range(1, per):
       if groups * (per - recv) < planner._in_flight_need(shape, cores):
         continue
-      for _, layout in planner._layouts(cores):
+      for _, layout in planner._layouts(cores, render=render):
         best = max(best, planner._make("auto", profile, shape, layout, groups, recv).predicted_env_steps_per_s)
   return best
 
@@ -183,25 +183,13 @@ def test_render_stage_costs_and_caps_enter_the_model():
   assert e2e == pytest.approx(4000.0) and bottleneck == "render"
 
 
-def _brute_force_render(profile, cores, shape):
-  best = 0.0
-  for groups in (1, 2, 4):
-    per = shape.num_envs // groups
-    for recv in range(1, per):
-      if groups * (per - recv) < planner._in_flight_need(shape, cores):
-        continue
-      for _, layout in planner._layouts(cores, render=True):
-        best = max(best, planner._make("auto", profile, shape, layout, groups, recv).predicted_env_steps_per_s)
-  return best
-
-
 @pytest.mark.parametrize("cpu, wall", [(300.0, 300.0), (300.0, 100.0), (40.0, 40.0)])
 def test_auto_plan_with_a_render_stage_is_the_best_the_model_allows(cpu, wall):
   p = with_render(synthetic(), cpu, wall, call_us=200.0)
   cores = (0, 1, 2, 3)
   plan = planner.plan_auto(p, cores, RENDER_SHAPE)
   assert "render" in plan.cpu_sets and "render" in plan.stage_cost_us
-  assert plan.predicted_env_steps_per_s >= 0.95 * _brute_force_render(p, cores, RENDER_SHAPE)
+  assert plan.predicted_env_steps_per_s >= 0.95 * _brute_force(p, cores, RENDER_SHAPE, render=True)
   assert plan.predicted_env_steps_per_s <= planner.work_conserving_bound(p, cores, RENDER_SHAPE)["env_steps_per_s"]
 
 

@@ -203,7 +203,8 @@ def main(argv: list[str]) -> None:
     b = r["stage_busy"]
     print(f"{name:<12}{r['e2e_env_steps_per_s']:>14,.0f}{r['rollout_env_steps_per_s']:>18,.0f}"
           + "".join(f"{b.get(s, 0.0):>7.2f}" for s in stages)
-          + f"{r['cpu_cores_used']:>7.2f}{r['cpu_us_per_env_step']:>9.1f}{r['work_conserving_env_steps_per_s']:>12,.0f}")
+          + f"{r['cpu_cores_used']:>7.2f}{r['cpu_us_per_env_step']:>9.1f}"
+          + f"{r['work_conserving_env_steps_per_s']:>12,.0f}")
   for name, r in results.items():
     if r.get("resources"):
       pred = r["resources"]["predicted_env_steps_per_s"]

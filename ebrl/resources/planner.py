@@ -15,9 +15,11 @@ flight), the generation batch, and core layouts (one shared pool, or sim on a
 dedicated block with generation and training beside it; a render stage with
 the simulator, on every core, or on a block of its own) - and keeps the best
 prediction. The render stage draws on one thread at a time, so its cap is one
-draw after another; its cores serve Mesa's rasterizer threads. The *work-conserving bound* is what any schedule could reach with
-these stage costs on these cores: every core busy all the time at the cheapest
-batching (one generation call for all envs), i.e. cores / total cost per step.
+draw after another; its cores serve Mesa's rasterizer threads.
+
+The *work-conserving bound* is what any schedule could reach with these stage
+costs on these cores: every core busy all the time at the cheapest batching
+(one generation call for all envs), i.e. cores / total cost per step.
 
 On GPUs the same model holds per device: gen and train get an MPS SM share of
 one GPU (or whole GPUs when there are several, or when MPS cannot start), with

@@ -35,7 +35,8 @@ PROFILE_VERSION = 2  # Bumped when what a profile measures changes: older cached
 
 def run_shape(cfg) -> dict[str, Any]:
   """The config values a profile depends on (anything else may change freely)."""
-  return {"version": PROFILE_VERSION, "env": cfg.env.name, "num_envs": int(cfg.num_envs), "from_pixels": bool(cfg.env.from_pixels),
+  return {"version": PROFILE_VERSION, "env": cfg.env.name, "num_envs": int(cfg.num_envs),
+          "from_pixels": bool(cfg.env.from_pixels),
           "render_stage": bool(cfg.env.render_stage), "chunk_size": int(cfg.policy.chunk_size),
           "render_size": int(cfg.env.render_size), "policy": cfg.policy.name,
           "hidden": [int(h) for h in cfg.policy.hidden], "rollout_length": int(cfg.rollout_length),

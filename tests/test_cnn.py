@@ -69,7 +69,8 @@ def test_conv_layout_for_64x64():
   # NatureCNN's kernels: 64 -> 15 -> 6 -> 4.
   assert conv_layout(64, 64, 3) == ((8, 8, 4), (4, 4, 2), (3, 3, 1))
   params = jax.eval_shape(CNNPolicy(make_spec()).init, jax.random.PRNGKey(0))
-  assert params["net"]["actor"]["Dense_0"]["kernel"].shape == (4 * 4 * 32, 64)
+  assert params["net"]["feature"]["kernel"].shape == (4 * 4 * 32, 50)  # The conv map, projected.
+  assert params["net"]["actor"]["Dense_0"]["kernel"].shape == (50, 64)
 
 
 def test_shapes(setup):

@@ -9,9 +9,9 @@ frames work too. Pixels (uint8 [C, H, W], the EnvPool layout) are scaled to
 The conv map is projected to a 50-value image feature (Dense, LayerNorm, tanh,
 as the DrQ / SAC-AE encoders do): flattened, its 512 values would outweigh the
 few state inputs beside it (on MetaWorld/Reach-v3 with state + pixels, ebrl,
-success 0.65 after 150k env steps with the projection, 0.09 without). The feature is
-concatenated with the normalised non-pixel inputs
-("state", then "task" when present) and feeds actor and critic heads exactly as
+success 0.65 after 150k env steps with the projection, 0.09 without). The
+feature is concatenated with the normalised non-pixel inputs ("state", then
+"task" when present) and feeds actor and critic heads exactly as
 in policies/mlp.py: separate tanh MLPs with orthogonal initialisation and a
 learned state-independent log std. The encoder is shared by actor and critic.
 Observation statistics for the non-pixel inputs live in params["obs_norm"];

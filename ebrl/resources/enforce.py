@@ -96,8 +96,6 @@ class Enforcer:
   def _cores(self, stage: str) -> tuple[int, ...]:
     if stage == "xla":
       return tuple(sorted(set(self.plan.cpu_sets["gen"]) | set(self.plan.cpu_sets["train"])))
-    if stage == "render" and stage not in self.plan.cpu_sets:  # A plan made without a render stage.
-      return self.plan.cpu_sets["sim"]
     return self.plan.cpu_sets[stage]
 
   def _record(self, stage: str, tid: int) -> None:

@@ -154,10 +154,15 @@ def _sim_threads(layout: dict[str, tuple[int, ...]], groups: int, shape: RunShap
   return max(1, len(layout["sim"]) // groups), groups
 
 
+def _render_placed(layout: dict, render: bool) -> dict:
+  """The layout with a render stage no quota was given for beside sim (every plan of a run that
+  renders names the render stage's cores, so its threads always have a quota)."""
+  return {**layout, "render": layout["sim"]} if render and "render" not in layout else layout
+
+
 def _make(mode: str, profile: Profile, shape: RunShape, layout: dict, groups: int, recv: int,
           notes: tuple[str, ...] = (), threads: int = 0) -> Plan:
-  if profile.render and "render" not in layout:  # A render stage no layout placed draws beside sim.
-    layout = {**layout, "render": layout["sim"]}
+  layout = _render_placed(layout, bool(profile.render) or shape.render_stage)
   auto_threads, pools = _sim_threads(layout, groups, shape)
   threads = threads or auto_threads
   gen_batch = recv * groups
@@ -195,21 +200,21 @@ def plan_auto(profile: Profile, cores: tuple[int, ...], shape: RunShape, notes: 
   return best
 
 
-def naive_layout(cores: tuple[int, ...], render: bool = False) -> dict[str, tuple[int, ...]]:
+def naive_layout(cores: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
   """Equal split: sim, gen and train each get a contiguous third of the cores (the last takes the
   remainder); with fewer cores than stages, the later stages share the last block. Bookkeeping
-  runs on the sampler's thread, so it shares gen's block; a render stage is part of the
-  simulator's side and shares sim's."""
+  runs on the sampler's thread, so it shares gen's block; a render stage, part of the
+  simulator's side, shares sim's (_render_placed)."""
   n = len(cores)
   blocks = min(n, 3)
   size = n // blocks
   bounds = [(i * size, (i + 1) * size if i < blocks - 1 else n) for i in range(blocks)]
   get = lambda i: tuple(cores[bounds[min(i, blocks - 1)][0]:bounds[min(i, blocks - 1)][1]])
-  layout = {"sim": get(0), "gen": get(1), "assemble": get(1), "train": get(2)}
-  return {**layout, "render": layout["sim"]} if render else layout
+  return {"sim": get(0), "gen": get(1), "assemble": get(1), "train": get(2)}
 
 
 def _unpredicted(mode: str, shape: RunShape, layout: dict, groups: int, recv: int, threads: int) -> Plan:
+  layout = _render_placed(layout, shape.render_stage)
   return Plan(mode=mode, cpu_sets=layout, sim_threads=threads, thread_affinity_offset=-1, num_groups=groups,
               recv_batch=recv, max_gen_batch=recv * groups, max_wait_ms=shape.max_wait_ms,
               num_minibatches=shape.num_minibatches, stage_cost_us={}, predicted_rates={},
@@ -219,7 +224,7 @@ def _unpredicted(mode: str, shape: RunShape, layout: dict, groups: int, recv: in
 def plan_naive(shape: RunShape, cores: tuple[int, ...], groups: int, recv: int,
                profile: Profile | None = None) -> Plan:
   """Equal split, the config's own batch sizes, no runtime feedback."""
-  layout = naive_layout(cores, render=shape.render_stage)
+  layout = naive_layout(cores)
   if profile is not None:
     return _make("naive", profile, shape, layout, groups, recv)
   return _unpredicted("naive", shape, layout, groups, recv, _sim_threads(layout, groups, shape)[0])
@@ -230,8 +235,6 @@ def plan_manual(shape: RunShape, layout: dict[str, tuple[int, ...]], groups: int
   """The user's core sets and sizes (a render stage without its own: sim's), with a prediction
   when a profile is at hand."""
   layout = {**layout, "assemble": layout["gen"]}
-  if shape.render_stage and "render" not in layout:
-    layout["render"] = layout["sim"]
   threads = threads or _sim_threads(layout, groups, shape)[0]
   if profile is None:
     return _unpredicted("manual", shape, layout, groups, recv, threads)

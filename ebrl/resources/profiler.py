@@ -21,7 +21,7 @@ import hashlib
 import json
 import os
 import time
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -230,46 +230,62 @@ def _timed(fn, seconds: float) -> tuple[int, float, float, float]:
   return units, time.perf_counter() - w0, time.process_time() - c0, calls
 
 
+@contextlib.contextmanager
+def _on_cores(cores: tuple[int, ...]) -> Iterator[Callable[..., None]]:
+  """Runs the block on `cores`: the calling thread at once, and every thread started since (plus
+  `extra`) when the block calls the yielded `pin_new(extra=())`. The caller's mask comes back after."""
+  from ebrl.resources import enforce
+
+  before, mine = enforce.thread_ids(), tuple(sorted(os.sched_getaffinity(0)))
+  enforce.pin(0, cores)
+
+  def pin_new(extra=()) -> None:
+    for tid in (enforce.thread_ids() - before) | set(extra):
+      with contextlib.suppress(OSError):  # A thread that already ended.
+        enforce.pin(tid, cores)
+
+  try:
+    yield pin_new
+  finally:
+    enforce.pin(0, mine)
+
+
 def measure_sim(cfg, cores: tuple[int, ...], threads: int, batch: int | None, seconds: float) -> dict[str, float]:
   """Steps the run's env with random actions on `cores` only (its workers and this thread pinned
   there): sync (batch None) or async recv/send of `batch`."""
-  from ebrl.resources import enforce
   from sim_adapters import make_adapter
   from sim_adapters.envpool_adapter import gather_all
 
   n = cfg.num_envs
-  before, mine = enforce.thread_ids(), tuple(sorted(os.sched_getaffinity(0)))
-  enforce.pin(0, cores)
   # A render stage is a stage of its own (measure_render): the simulator under it is a state pool.
   pixels = cfg.env.from_pixels and not cfg.env.render_stage
-  adapter = make_adapter(cfg.env.name, n, batch_size=batch, num_threads=threads, seed=cfg.seed,
-                         max_episode_steps=cfg.env.max_episode_steps, from_pixels=pixels,
-                         render_size=cfg.env.render_size, chunk_size=cfg.policy.chunk_size,
-                         reward_type=cfg.env.reward_type)
-  rng = np.random.default_rng(0)
-  spec = adapter.spec
-  low, high = spec.action_low, spec.action_high
-  try:
-    adapter.reset()
-    if batch is None:
-      # The first observations come from recv: a step sent to an env still resetting would
-      # race its reset on another EnvPool worker.
-      gather_all(adapter, n)
-      step = lambda: len(adapter.step(rng.uniform(low, high, (n, spec.action_dim)).astype(np.float32)))
+  with _on_cores(cores) as pin_new:
+    adapter = make_adapter(cfg.env.name, n, batch_size=batch, num_threads=threads, seed=cfg.seed,
+                           max_episode_steps=cfg.env.max_episode_steps, from_pixels=pixels,
+                           render_size=cfg.env.render_size, chunk_size=cfg.policy.chunk_size,
+                           reward_type=cfg.env.reward_type)
+    rng = np.random.default_rng(0)
+    spec = adapter.spec
+    low, high = spec.action_low, spec.action_high
+    try:
+      adapter.reset()
+      if batch is None:
+        # The first observations come from recv: a step sent to an env still resetting would
+        # race its reset on another EnvPool worker.
+        gather_all(adapter, n)
+        step = lambda: len(adapter.step(rng.uniform(low, high, (n, spec.action_dim)).astype(np.float32)))
 
-      def one():
-        return step()
-    else:
-      def one():
-        b = adapter.recv()
-        adapter.send(rng.uniform(low, high, (len(b), spec.action_dim)).astype(np.float32), b.env_ids)
-        return len(b)
-    for tid in enforce.thread_ids() - before:  # Workers the pool or its reset started.
-      enforce.pin(tid, cores)
-    steps, wall, cpu, _ = _timed(one, seconds)
-  finally:
-    adapter.close()
-    enforce.pin(0, mine)
+        def one():
+          return step()
+      else:
+        def one():
+          b = adapter.recv()
+          adapter.send(rng.uniform(low, high, (len(b), spec.action_dim)).astype(np.float32), b.env_ids)
+          return len(b)
+      pin_new()  # Workers the pool or its reset started.
+      steps, wall, cpu, _ = _timed(one, seconds)
+    finally:
+      adapter.close()
   return {"cores": len(cores), "threads": threads, "batch": batch or n, "async": batch is not None,
           "env_steps_per_s": steps / wall,
           "cpu_us_per_step": cpu * 1e6 / max(steps, 1)}
@@ -278,35 +294,30 @@ def measure_sim(cfg, cores: tuple[int, ...], threads: int, batch: int | None, se
 def measure_render(cfg, cores: tuple[int, ...], batches: list[int], seconds: float) -> list[dict[str, float]]:
   """Times the render stage's draws of `batch` frames (on its render thread, with Mesa's threads,
   all pinned to `cores`), from states a few random steps into their episodes."""
-  from ebrl.resources import enforce
   from sim_adapters import make_adapter
   from sim_adapters.envpool_adapter import gather_all
+  from sim_adapters.render_stage import render_thread_ids
 
   n = cfg.num_envs
-  before, mine = enforce.thread_ids(), tuple(sorted(os.sched_getaffinity(0)))
-  enforce.pin(0, cores)
-  adapter = make_adapter(cfg.env.name, n, num_threads=len(cores), seed=cfg.seed,
-                         max_episode_steps=cfg.env.max_episode_steps, from_pixels=True,
-                         render_size=cfg.env.render_size, render_stage=True)
-  from sim_adapters.render_stage import render_thread_ids
   out = []
-  try:
-    adapter.reset()
-    gather_all(adapter, n)
-    rng = np.random.default_rng(0)
-    spec = adapter.spec
-    for _ in range(3):
-      adapter.step(rng.uniform(spec.action_low, spec.action_high, (n, spec.action_dim)).astype(np.float32))
-    for tid in (enforce.thread_ids() - before) | set(render_thread_ids()):  # Render and Mesa threads.
-      with contextlib.suppress(OSError):
-        enforce.pin(tid, cores)
-    for b in batches:
-      ids = np.arange(b, dtype=np.int32) % n
-      _, wall, cpu, calls = _timed(lambda: (adapter.draw(ids), b)[1], seconds)
-      out.append({"batch": b, "wall_us": wall * 1e6 / calls, "cpu_us": cpu * 1e6 / calls})
-  finally:
-    adapter.close()
-    enforce.pin(0, mine)
+  with _on_cores(cores) as pin_new:
+    adapter = make_adapter(cfg.env.name, n, num_threads=len(cores), seed=cfg.seed,
+                           max_episode_steps=cfg.env.max_episode_steps, from_pixels=True,
+                           render_size=cfg.env.render_size, render_stage=True)
+    try:
+      adapter.reset()
+      gather_all(adapter, n)
+      rng = np.random.default_rng(0)
+      spec = adapter.spec
+      for _ in range(3):
+        adapter.step(rng.uniform(spec.action_low, spec.action_high, (n, spec.action_dim)).astype(np.float32))
+      pin_new(render_thread_ids())  # The pool's workers, the render thread and Mesa's threads.
+      for b in batches:
+        ids = np.arange(b, dtype=np.int32) % n
+        _, wall, cpu, calls = _timed(lambda: (adapter.draw(ids), b)[1], seconds)
+        out.append({"batch": b, "wall_us": wall * 1e6 / calls, "cpu_us": cpu * 1e6 / calls})
+    finally:
+      adapter.close()
   return out
 
 

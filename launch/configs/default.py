@@ -15,8 +15,8 @@ def get_config() -> ml_collections.ConfigDict:
       max_episode_steps=0,  # 0 = the task's own limit.
       from_pixels=False,  # Camera images as obs["pixels"] (needs a pixel policy).
       render_size=64,
-      # With from_pixels: state and pixels, drawn by EBRL's render stage (on each env group's
-      # thread as its envs come back) instead of EnvPool's pixel-only pools.
+      # With from_pixels: state and pixels, drawn by EBRL's render stage (one render thread,
+      # its own resource quota) instead of EnvPool's pixel-only pools.
       render_stage=False,
       # Injected stragglers (benchmarks): this fraction of envs takes `slowdown` times
       # longer per step; step_ms fixes one env's step time (0 = measured).

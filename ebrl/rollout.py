@@ -28,6 +28,7 @@ class RolloutBuffer:
     self.done = np.zeros((t, n), bool)
     self.valid = np.zeros((t, n), bool)
     self.version = np.zeros((t, n), np.int32)
+    self.discount: np.ndarray | None = None  # Allocated by the first row that carries one.
 
   def store(self, t: int, obs: dict[str, np.ndarray], actions: Actions, version: int, result: StepBatch,
             cols: slice = slice(None)) -> None:
@@ -42,9 +43,13 @@ class RolloutBuffer:
     self.terminated[t, cols] = result.terminated
     self.done[t, cols] = result.done
     self.valid[t, cols] = ~result.reset_step
+    if result.discount is not None:
+      if self.discount is None:
+        self.discount = np.ones(self.valid.shape, np.float32)
+      self.discount[t, cols] = result.discount
 
   def rollout(self, last_values: np.ndarray) -> Rollout:
     self.values[-1] = last_values
     return Rollout(obs=self.obs, actions=self.actions, logp=self.logp, values=self.values,
                    rewards=self.rewards, terminated=self.terminated, done=self.done,
-                   valid=self.valid, version=self.version)
+                   valid=self.valid, version=self.version, discount=self.discount)

@@ -27,6 +27,7 @@ class Rollout:
   done: jax.Array  # [T, N] bool
   valid: jax.Array  # [T, N] bool
   version: jax.Array  # [T, N] int32
+  discount: jax.Array | None = None  # [T, N] float32 per-row discount (chunks cut short), else gamma
 
 
 @flax.struct.dataclass
@@ -57,3 +58,4 @@ class SegmentBatch:
   done: jax.Array  # [T, B] bool
   valid: jax.Array  # [T, B] bool
   version: jax.Array  # [T, B] int32
+  discount: jax.Array | None = None  # [T, B] float32 per-row discount (chunks cut short), else gamma

@@ -46,7 +46,10 @@ class StepBatch:
   `reset_step` marks rows produced by an automatic reset: the env ignored the
   action it was sent, `obs` is the first observation of a new episode and the
   transition that led here is not a real one (learners mask it out). `success`
-  is NaN for tasks that define no success.
+  is NaN for tasks that define no success. `discount`, when set, is each row's
+  discount to its next observation where it is not the learner's one gamma: an
+  action chunk of reward_type="action" cut short after j actions is gamma^j
+  away from its next decision, not gamma^K (sim_adapters/chunks.py).
   """
 
   obs: Obs
@@ -56,6 +59,7 @@ class StepBatch:
   success: np.ndarray  # float32 [B], NaN when the task has no success signal
   env_ids: np.ndarray  # int32 [B]
   reset_step: np.ndarray  # bool [B]
+  discount: np.ndarray | None = None  # float32 [B], or None: the learner's gamma
 
   @property
   def done(self) -> np.ndarray:
@@ -63,6 +67,24 @@ class StepBatch:
 
   def __len__(self) -> int:
     return int(self.env_ids.shape[0])
+
+  def take(self, idx: np.ndarray) -> "StepBatch":
+    """Rows `idx`, every field indexed alike so each row stays whole."""
+    return StepBatch(obs={k: v[idx] for k, v in self.obs.items()}, reward=self.reward[idx],
+                     terminated=self.terminated[idx], truncated=self.truncated[idx], success=self.success[idx],
+                     env_ids=self.env_ids[idx], reset_step=self.reset_step[idx],
+                     discount=None if self.discount is None else self.discount[idx])
+
+
+def concat_batches(batches: list[StepBatch]) -> StepBatch:
+  """The rows of several batches, in order (one batch is returned as it is)."""
+  if len(batches) == 1:
+    return batches[0]
+  cat = lambda name: np.concatenate([getattr(b, name) for b in batches])
+  return StepBatch(obs={k: np.concatenate([b.obs[k] for b in batches]) for k in batches[0].obs},
+                   reward=cat("reward"), terminated=cat("terminated"), truncated=cat("truncated"),
+                   success=cat("success"), env_ids=cat("env_ids"), reset_step=cat("reset_step"),
+                   discount=None if batches[0].discount is None else cat("discount"))
 
 
 class SimAdapter(Protocol):

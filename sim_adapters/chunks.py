@@ -16,8 +16,11 @@ one). Rewards:
                         the learner discounts once per chunk.
   reward_type="action"  the chunk's reward is sum_i gamma^i r_i over its
                         actions, the return a per-action learner would see;
-                        the learner then discounts by gamma^K per chunk
-                        (the semi-MDP view of a chunk).
+                        the learner then discounts by gamma^j per chunk of j
+                        actions (the semi-MDP view of a chunk): gamma^K for a
+                        whole chunk, less for one its episode's end cut short
+                        (a truncation bootstraps from a state j actions away).
+                        Rows carry it as `discount`.
 success is the max over the chunk's actions (NaN when the task has none).
 
 The inner adapter must be asynchronous (send/recv per env): `make_adapter`
@@ -93,10 +96,12 @@ class ChunkAdapter:
       if finished.any():
         out = np.flatnonzero(finished)
         done_ids = ids[out]
+        discount = (self.gamma ** self._pos[done_ids]).astype(np.float32) if self.reward_type == "action" else None
         return StepBatch(obs={k: v[out] for k, v in b.obs.items()},
                          reward=self._reward[done_ids].astype(np.float32),
                          terminated=b.terminated[out], truncated=b.truncated[out],
-                         success=self._success[done_ids].copy(), env_ids=done_ids, reset_step=b.reset_step[out])
+                         success=self._success[done_ids].copy(), env_ids=done_ids, reset_step=b.reset_step[out],
+                         discount=discount)
 
   def can_recv(self) -> bool:
     return self.inner.can_recv()

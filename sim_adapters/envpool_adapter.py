@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim_adapters.base import EnvSpec, Obs, ObsSpec, StepBatch
+from sim_adapters.base import EnvSpec, Obs, ObsSpec, StepBatch, concat_batches
 
 _SUCCESS_KEYS = ("success", "is_success", "reward_success")
 
@@ -234,23 +234,8 @@ def gather_all(adapter, num_envs: int) -> StepBatch:
 
 
 def concat_sorted(batches: list[StepBatch]) -> StepBatch:
-  """Concatenates batches and orders rows by env id (a no-op copy when sorted)."""
-  if len(batches) == 1:
-    b = batches[0]
-  else:
-    b = StepBatch(
-        obs={k: np.concatenate([x.obs[k] for x in batches]) for k in batches[0].obs},
-        reward=np.concatenate([x.reward for x in batches]),
-        terminated=np.concatenate([x.terminated for x in batches]),
-        truncated=np.concatenate([x.truncated for x in batches]),
-        success=np.concatenate([x.success for x in batches]),
-        env_ids=np.concatenate([x.env_ids for x in batches]),
-        reset_step=np.concatenate([x.reset_step for x in batches]),
-    )
+  """Concatenates batches and orders rows by env id (no copy when already sorted)."""
+  b = concat_batches(batches)
   if np.all(b.env_ids[1:] > b.env_ids[:-1]):
     return b
-  order = np.argsort(b.env_ids, kind="stable")
-  return StepBatch(
-      obs={k: v[order] for k, v in b.obs.items()},
-      reward=b.reward[order], terminated=b.terminated[order], truncated=b.truncated[order],
-      success=b.success[order], env_ids=b.env_ids[order], reset_step=b.reset_step[order])
+  return b.take(np.argsort(b.env_ids, kind="stable"))

@@ -63,14 +63,6 @@ def straggler_set(num_envs: int, fraction: float, seed: int = 0) -> np.ndarray:
   return np.sort(rng.choice(num_envs, size=count, replace=False)).astype(np.int32)
 
 
-def _take(b: StepBatch, idx: np.ndarray) -> StepBatch:
-  """Rows `idx` of `b`, every field indexed alike so each row stays whole."""
-  return StepBatch(
-      obs={k: v[idx] for k, v in b.obs.items()},
-      reward=b.reward[idx], terminated=b.terminated[idx], truncated=b.truncated[idx],
-      success=b.success[idx], env_ids=b.env_ids[idx], reset_step=b.reset_step[idx])
-
-
 class StragglerAdapter:
   """A SimAdapter whose `straggler_ids` envs step `slowdown` times slower than the rest.
 
@@ -156,11 +148,11 @@ class StragglerAdapter:
       return
     fast_idx, slow_idx = np.flatnonzero(~slow), np.flatnonzero(slow)
     if len(fast_idx):
-      heapq.heappush(self._held, (t1, next(self._seq), _take(b, fast_idx)))
+      heapq.heappush(self._held, (t1, next(self._seq), b.take(fast_idx)))
     # Each straggler row is due after its own extra latency (from its own send, or the wait's start).
     for i in slow_idx:
       due = t1 + self.extra_latency_s(t1 - max(t0, self._sent_at[b.env_ids[i]]))
-      heapq.heappush(self._held, (due, next(self._seq), _take(b, np.array([i]))))
+      heapq.heappush(self._held, (due, next(self._seq), b.take(np.array([i]))))
     self.delayed_rows += len(slow_idx)
 
   def _pop_due(self, now: float) -> list[StepBatch]:
@@ -170,8 +162,8 @@ class StragglerAdapter:
       due, seq, b = heapq.heappop(self._held)
       room = self._max_rows - count
       if len(b) > room:  # split: the rest stays due and goes out with the next recv
-        heapq.heappush(self._held, (due, seq, _take(b, np.arange(room, len(b)))))
-        b = _take(b, np.arange(room))
+        heapq.heappush(self._held, (due, seq, b.take(np.arange(room, len(b)))))
+        b = b.take(np.arange(room))
       out.append(b)
       count += len(b)
     return out

@@ -146,3 +146,46 @@ def test_learner_discount_per_chunk():
   assert chunk_gamma(cfg) == pytest.approx(0.9)  # reward_type=chunk: a chunk is one step.
   cfg.env.reward_type = "action"
   assert chunk_gamma(cfg) == pytest.approx(0.9 ** 3)  # Rewards discounted inside: K actions per chunk.
+
+
+def test_a_chunk_cut_short_is_discounted_by_the_actions_it_took():
+  """reward_type=action: the next decision is gamma^j away after j actions, gamma^K after a whole chunk."""
+  sim = ChunkAdapter(Scripted([5]), chunk_size=3, reward_type="action", gamma=0.5)
+  sim.reset()
+  assert sim.recv().discount is not None
+  sim.send(_chunk([1.0] * 3, 3), np.array([0]))
+  whole = sim.recv()
+  assert whole.discount[0] == pytest.approx(0.5 ** 3) and not whole.done[0]
+  sim.send(_chunk([1.0] * 3, 3), np.array([0]))
+  cut = sim.recv()  # The episode ends after 5 actions: 2 of this chunk.
+  assert cut.done[0] and cut.discount[0] == pytest.approx(0.5 ** 2)
+  assert ChunkAdapter(Scripted([5]), 3, reward_type="chunk").spec.chunk_size == 3
+  plain = ChunkAdapter(Scripted([5]), 3, reward_type="chunk")
+  plain.reset()
+  assert plain.recv().discount is None  # reward_type=chunk: the learner's one gamma per chunk.
+
+
+def test_per_row_discount_reaches_the_learners_targets():
+  """A truncated row cut short bootstraps with its own discount, through the rollout buffer and GAE."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from ebrl.algorithms.gae import gae
+  from ebrl.rollout import RolloutBuffer
+  from ebrl.sampler import Actions
+
+  spec = Scripted([5]).spec
+  buf = RolloutBuffer(spec, 2, 1)
+  acts = Actions(np.zeros((1, 2), np.float32), np.zeros((1, 2), np.float32), np.zeros(1, np.float32),
+                 np.zeros(1, np.float32))
+  row = lambda truncated, discount: StepBatch(
+      obs={"state": np.zeros((1, 1), np.float32)}, reward=np.ones(1, np.float32), terminated=np.zeros(1, bool),
+      truncated=np.array([truncated]), success=np.zeros(1, np.float32), env_ids=np.zeros(1, np.int32),
+      reset_step=np.zeros(1, bool), discount=np.array([discount], np.float32))
+  buf.store(0, {"state": np.zeros((1, 1), np.float32)}, acts, 0, row(False, 0.25))
+  buf.store(1, {"state": np.zeros((1, 1), np.float32)}, acts, 0, row(True, 0.5))
+  ro = buf.rollout(np.array([2.0], np.float32))
+  np.testing.assert_array_equal(ro.discount, [[0.25], [0.5]])
+  values = jnp.asarray([[0.0], [0.0], [2.0]])
+  adv, _ = gae(jnp.asarray(ro.rewards), values, jnp.asarray(ro.terminated), jnp.asarray(ro.done),
+               jnp.asarray(ro.discount), 1.0)
+  # Row 1 (truncated, 2 of 4 actions): 1 + 0.5 * V = 2; row 0: 1 + 0.25 * (0 + adv_1) = 1.5.
+  np.testing.assert_allclose(np.asarray(adv)[:, 0], [1.5, 2.0])

@@ -28,22 +28,24 @@ import jax
 import jax.numpy as jnp
 
 
-def discounted_returns(rewards: jax.Array, dones: jax.Array, gamma: float) -> jax.Array:
-  """Return-to-go [T, N] within each episode of the window, no bootstrap past row T - 1."""
+def discounted_returns(rewards: jax.Array, dones: jax.Array, gamma: float | jax.Array) -> jax.Array:
+  """Return-to-go [T, N] within each episode of the window, no bootstrap past row T - 1 (gamma:
+  one discount, or one per row)."""
   not_done = 1.0 - dones.astype(jnp.float32)
+  gamma = jnp.broadcast_to(jnp.asarray(gamma, jnp.float32), rewards.shape)
 
   def backward(carry, xs):
-    r, nd = xs
-    g = r + gamma * nd * carry
+    r, nd, d = xs
+    g = r + d * nd * carry
     return g, g
 
   _, returns = jax.lax.scan(backward, jnp.zeros_like(rewards[0], jnp.float32),
-                            (rewards.astype(jnp.float32), not_done), reverse=True)
+                            (rewards.astype(jnp.float32), not_done, gamma), reverse=True)
   return returns
 
 
 def group_relative_advantages(rewards: jax.Array, dones: jax.Array, mask: jax.Array, group_size: int,
-                              gamma: float, eps: float = 1e-8) -> jax.Array:
+                              gamma: float | jax.Array, eps: float = 1e-8) -> jax.Array:
   """GRPO advantages [T, N]: return-to-go normalised over the valid envs of its group at the same t.
 
   rewards, dones, mask: [T, N]. `dones` stops the return flowing back across an

@@ -26,12 +26,13 @@ import jax.numpy as jnp
 
 
 def vtrace(rewards: jax.Array, values: jax.Array, terminated: jax.Array, cut: jax.Array,
-           log_rho: jax.Array, gamma: float, lam: float, rho_clip: float = 1.0,
+           log_rho: jax.Array, gamma: float | jax.Array, lam: float, rho_clip: float = 1.0,
            c_clip: float = 1.0) -> tuple[jax.Array, jax.Array]:
-  """Returns (policy-gradient advantages [T, N], value targets vs [T, N])."""
+  """Returns (policy-gradient advantages [T, N], value targets vs [T, N]); gamma: one or per row."""
   chex.assert_rank([rewards, values, log_rho], 2)
   chex.assert_equal_shape([rewards, terminated, cut, log_rho])
   chex.assert_axis_dimension(values, 0, rewards.shape[0] + 1)
+  gamma = jnp.broadcast_to(jnp.asarray(gamma, jnp.float32), rewards.shape)
   ratio = jnp.exp(log_rho)
   rho = jnp.minimum(rho_clip, ratio)
   c = lam * jnp.minimum(c_clip, ratio)
@@ -40,11 +41,11 @@ def vtrace(rewards: jax.Array, values: jax.Array, terminated: jax.Array, cut: ja
   deltas = rho * (rewards + gamma * not_term * values[1:] - values[:-1])
 
   def backward(acc, xs):  # acc = vs_{t+1} - V(x_{t+1})
-    delta, ct, nc = xs
-    acc = delta + gamma * ct * nc * acc
+    delta, ct, nc, g = xs
+    acc = delta + g * ct * nc * acc
     return acc, acc
 
-  _, vs_minus_v = jax.lax.scan(backward, jnp.zeros_like(values[0]), (deltas, c, not_cut), reverse=True)
+  _, vs_minus_v = jax.lax.scan(backward, jnp.zeros_like(values[0]), (deltas, c, not_cut, gamma), reverse=True)
   vs = values[:-1] + vs_minus_v
   vs_next = jnp.concatenate([vs[1:], values[-1:]])
   next_value = jnp.where(cut, values[1:], vs_next)

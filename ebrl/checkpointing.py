@@ -23,7 +23,9 @@ class Checkpointer:
     self._warn = warn
     self._manager = ocp.CheckpointManager(
         self.directory,
-        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=False),
+        # A save killed half-way leaves its temporary directory; the next launch removes it.
+        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=False,
+                                             cleanup_tmp_directories=True),
     )
 
   def save(self, step: int, state: Any, meta: dict) -> bool:
@@ -35,6 +37,16 @@ class Checkpointer:
 
   def path(self, step: int) -> str:
     return os.path.join(self.directory, str(step))
+
+  def latest_meta(self) -> dict | None:
+    """The JSON metadata of the newest checkpoint whose metadata reads, without its state (cheap:
+    a run reads it before it builds anything)."""
+    for step in sorted(self._manager.all_steps(), reverse=True):
+      try:
+        return dict(self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta)
+      except Exception:  # pylint: disable=broad-except  # Unreadable: restore_latest reports it.
+        continue
+    return None
 
   def restore_latest(self, template: Any) -> tuple[Any, dict] | None:
     """Returns (state, meta) of the newest readable checkpoint, None if there is none."""
@@ -51,7 +63,7 @@ class Checkpointer:
         bad.append(self.path(step))
     if bad:
       raise UserError(f"no readable checkpoint in {self.directory}: corrupt {', '.join(bad)}; "
-                      "use another --workdir or --config.resume=False with a new workdir")
+                      "nothing can continue from them (start a new run in another workdir)")
     return None
 
   def close(self) -> None:

@@ -62,13 +62,23 @@ class LearnerConfig:
   ppo: PPOConfig = PPOConfig()
 
 
-def make_optimizer(cfg: LearnerConfig) -> optax.GradientTransformation:
+def learning_rate_schedule(cfg: LearnerConfig) -> optax.Schedule:
+  """The rate of every Adam step; "linear" decays to 0 over the run's total_updates updates."""
   if cfg.lr_schedule == "linear":
-    steps = max(1, cfg.total_updates * cfg.epochs * cfg.num_minibatches)
-    lr = optax.linear_schedule(cfg.learning_rate, 0.0, steps)
-  else:
-    lr = cfg.learning_rate
-  return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(lr, eps=1e-5))
+    return optax.linear_schedule(cfg.learning_rate, 0.0, max(1, cfg.total_updates * cfg.epochs * cfg.num_minibatches))
+  return optax.constant_schedule(cfg.learning_rate)
+
+
+def make_optimizer(cfg: LearnerConfig) -> optax.GradientTransformation:
+  # inject_hyperparams keeps the rate of the latest step in the optimiser state, where the
+  # metrics read it (`learning_rate`).
+  adam = optax.inject_hyperparams(optax.adam)(learning_rate=learning_rate_schedule(cfg), eps=1e-5)
+  return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), adam)
+
+
+def learning_rate(opt_state) -> jax.Array:
+  """The rate the latest Adam step used (the optimiser's state from `make_optimizer`)."""
+  return opt_state[1].hyperparams["learning_rate"]
 
 
 def make_mesh(devices=None) -> Mesh:
@@ -132,14 +142,18 @@ class Learner:
     if self.cfg.correction == "vtrace":
       cfg = self.cfg
       targets = vtrace(sb.rewards * cfg.reward_scale, values, sb.terminated, _cut(sb.done, valid),
-                       prox_logp - sb.logp, cfg.gamma, cfg.gae_lambda, cfg.vtrace_rho_clip, cfg.vtrace_c_clip)
+                       prox_logp - sb.logp, _gamma(cfg, sb), cfg.gae_lambda, cfg.vtrace_rho_clip,
+                       cfg.vtrace_c_clip)
       ro = Rollout(obs=obs, actions=sb.actions, logp=sb.logp, values=values, rewards=sb.rewards,
-                   terminated=sb.terminated, done=sb.done, valid=valid, version=sb.version)
+                   terminated=sb.terminated, done=sb.done, valid=valid, version=sb.version, discount=sb.discount)
       new_state, metrics = self._update_fn(state, ro, targets=targets)
     else:
       ro = Rollout(obs=obs, actions=sb.actions, logp=prox_logp, values=values, rewards=sb.rewards,
-                   terminated=sb.terminated, done=sb.done, valid=valid, version=sb.version)
+                   terminated=sb.terminated, done=sb.done, valid=valid, version=sb.version, discount=sb.discount)
       new_state, metrics = self._update_fn(state, ro, behaviour_logp=sb.logp)
+    # Staleness of every sample that reached the learner, before any masking: the bound is
+    # checked on what the admission path let through, not on what survived the mask.
+    metrics.update(_staleness(state.version, sb.version, sb.valid))
     metrics["stale_dropped"] = jnp.sum(sb.valid & ~fresh)
     return new_state, metrics
 
@@ -152,12 +166,13 @@ class Learner:
       # Critic-free: the group mean is the baseline and the advantages are already normalised
       # per group; the value head gets no loss (its targets are its own old predictions).
       adv = group_relative_advantages(ro.rewards * cfg.reward_scale, _cut(ro.done, ro.valid), ro.valid,
-                                      cfg.group_size, cfg.gamma)
+                                      cfg.group_size, _gamma(cfg, ro))
       returns = ro.values[:-1]
       ppo_cfg = dataclasses.replace(cfg.ppo, vf_coef=0.0, normalize_advantages=False)
     elif targets is None:
       rewards = ro.rewards * cfg.reward_scale
-      adv, returns = gae(rewards, ro.values, ro.terminated, _cut(ro.done, ro.valid), cfg.gamma, cfg.gae_lambda)
+      adv, returns = gae(rewards, ro.values, ro.terminated, _cut(ro.done, ro.valid), _gamma(cfg, ro),
+                         cfg.gae_lambda)
     else:
       adv, returns = targets
     flat = lambda x: x.reshape((-1,) + x.shape[2:])
@@ -197,12 +212,23 @@ class Learner:
     params = policy.update_normalizer(params, ro.obs, ro.valid)
     metrics = jax.tree.map(jnp.mean, metrics)
     metrics["skipped_updates"] = skipped
-    lag = state.version - ro.version
-    metrics["staleness"] = jnp.sum(lag * ro.valid) / jnp.maximum(ro.valid.sum(), 1)
-    metrics["staleness_max"] = jnp.max(jnp.where(ro.valid, lag, 0))
+    metrics.update(_staleness(state.version, ro.version, ro.valid))
+    metrics["learning_rate"] = learning_rate(opt_state)
     new_state = TrainState(params=params, opt_state=opt_state, key=key,
                            version=state.version + 1, skipped_updates=skipped)
     return new_state, metrics
+
+
+def _gamma(cfg: LearnerConfig, batch) -> float | jax.Array:
+  """The discount of every row: the batch's own where it carries one (chunks cut short)."""
+  return cfg.gamma if batch.discount is None else batch.discount
+
+
+def _staleness(version: jax.Array, sample_version: jax.Array, valid: jax.Array) -> dict[str, jax.Array]:
+  """Mean and max policy-version lag of the valid samples."""
+  lag = version - sample_version
+  return {"staleness": jnp.sum(lag * valid) / jnp.maximum(valid.sum(), 1),
+          "staleness_max": jnp.max(jnp.where(valid, lag, 0))}
 
 
 def _cut(done: jax.Array, valid: jax.Array) -> jax.Array:

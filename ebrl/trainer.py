@@ -10,14 +10,19 @@ anything is compiled (see ebrl/config.py).
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
+import threading
 import time
 
 import jax
+import numpy as np
 import tqdm
 
 from ebrl import config as config_lib
+from ebrl import layout
+from ebrl import workdir as workdir_lib
 from ebrl.algorithms.ppo import PPOConfig
 from ebrl.checkpointing import Checkpointer
 from ebrl.errors import UserError
@@ -36,11 +41,10 @@ from sim_adapters.envpool_adapter import UnsupportedEnvError
 
 def learner_config(cfg) -> LearnerConfig:
   a = cfg.algorithm
-  per_update = cfg.num_envs * cfg.rollout_length
   return LearnerConfig(
       gamma=chunk_gamma(cfg), gae_lambda=a.gae_lambda, epochs=a.epochs, num_minibatches=a.num_minibatches,
       learning_rate=a.learning_rate, lr_schedule=a.lr_schedule,
-      total_updates=max(1, math.ceil(cfg.total_env_steps / per_update)),
+      total_updates=layout.total_updates(cfg, cfg.total_env_steps),
       max_grad_norm=a.max_grad_norm, reward_scale=a.reward_scale, max_staleness=cfg.ebrl.max_staleness,
       algorithm=a.name, group_size=a.group_size,
       correction=a.correction, vtrace_rho_clip=a.vtrace_rho_clip, vtrace_c_clip=a.vtrace_c_clip,
@@ -61,6 +65,42 @@ def _finite_or_none(x: float):
   return x if x is not None and math.isfinite(x) else None
 
 
+def launch_env_seed(seed: int, env_steps: int) -> int:
+  """The env seed of a launch that starts at `env_steps`: the run seed for the first launch, a
+  fresh reproducible one (within EnvPool's int32, with room for per-group offsets) after."""
+  if env_steps == 0:
+    return seed
+  return int(np.random.SeedSequence([seed, env_steps]).generate_state(1)[0]) % (1 << 30)
+
+
+def _drop_rows_after(path: str, env_steps: int) -> None:
+  """Metrics rows past the checkpoint a run resumes from describe work that was lost: dropped,
+  so the learning curve is one history (rewritten atomically)."""
+  if not os.path.isfile(path):
+    return
+  rows = read_jsonl(path)
+  keep = [r for r in rows if r.get("env_steps", 0) <= env_steps]
+  if len(keep) < len(rows):
+    with open(path + ".tmp", "w") as f:
+      f.writelines(json.dumps(r) + "\n" for r in keep)
+    os.replace(path + ".tmp", path)
+
+
+def _latest_meta(directory: str) -> dict | None:
+  """The newest checkpoint's metadata, read before anything is built (no directory is created)."""
+  if not os.path.isdir(directory):
+    return None
+  probe = Checkpointer(directory, warn=lambda m: None)
+  try:
+    return probe.latest_meta()
+  finally:
+    probe.close()
+
+
+def _skipped(state) -> int | None:
+  return None if state.skipped_updates.is_deleted() else int(state.skipped_updates)
+
+
 class Trainer:
 
   def __init__(self, cfg, workdir: str, *, launch_time: float | None = None, progress: bool = True):
@@ -68,7 +108,12 @@ class Trainer:
     self.workdir = os.path.abspath(workdir)
     self.launch_time = launch_time or time.time()
     config_lib.validate(cfg, jax.local_device_count())
-    config_lib.check_workdir(self.workdir)
+    workdir_lib.prepare(self.workdir, cfg)
+    # A resumed launch draws fresh initial states: its env seed derives from the run seed and the
+    # env steps it resumes at, so each launch from the same checkpoint is the same, and a run
+    # preempted N times does not replay its first episodes N times.
+    resume_meta = _latest_meta(os.path.join(self.workdir, "checkpoints")) if cfg.resume else None
+    self.env_seed = launch_env_seed(cfg.seed, int(resume_meta["env_steps"]) if resume_meta else 0)
     num_groups = config_lib.num_groups(cfg)
     self.recv_batch = None
     self.resources = None  # The ebrl scheduler's ResourceManager (host envs).
@@ -93,8 +138,7 @@ class Trainer:
     except (IncompatibleObservationError, ValueError) as e:
       self.adapter.close()
       raise UserError(f"policy '{cfg.policy.name}': {e}") from None
-    with open(os.path.join(self.workdir, "config.json"), "w") as f:
-      f.write(cfg.to_json_best_effort(indent=2))
+    workdir_lib.write_config(self.workdir, cfg)
 
     self.action_size = action_size(self.policy, self.spec)
     self.learner = Learner(self.policy, learner_config(cfg))
@@ -108,23 +152,27 @@ class Trainer:
     self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"), keep=cfg.keep_checkpoints,
                                      warn=lambda m: tqdm.tqdm.write(m))
     self.state = self.learner.init(jax.random.PRNGKey(cfg.seed))
-    if cfg.warm_start and not cfg.resume:  # A resumed run keeps its own params.
-      from ebrl.warm_start import load_params
-      try:
-        params = load_params(cfg.warm_start, self.state.params)
-      except ValueError as e:
-        self.adapter.close()
-        raise UserError(str(e)) from None
-      self.state = self.state.replace(params=params)
-      tqdm.tqdm.write(f"warm start: policy params from {cfg.warm_start}")
     self.env_steps = 0
     self.prior_wall_s = 0.0  # Wall time of earlier launches of this run (resume).
     self.time_to_success_s = None
     self.env_steps_to_success = None  # Env steps when time_to_success_s was reached (sample efficiency).
     self.best_success_rate = float("nan")
-    if cfg.resume:
-      self._resume()
+    # Samples the learner masked as too stale, and segments the deadlock breaker started beyond
+    # capacity (the only source of such samples), over every launch of the run.
+    self.stale_dropped = 0
+    self.force_started = 0
+    restored = self._resume() if cfg.resume else False
+    if cfg.warm_start and restored:
+      tqdm.tqdm.write(f"warm start from {cfg.warm_start} not applied: the restored checkpoint's params win")
+    elif cfg.warm_start:  # Whenever no checkpoint was restored (also a first launch with resume=True).
+      self._warm_start(cfg.warm_start)
     self.sampler.set_params(self.state.params, int(self.state.version))
+    # Updates made so far, as a Python int any thread may read (the state itself is donated to
+    # each update while the learner thread runs it).
+    self.updates_done = int(self.state.version)
+    # Ctrl-C / SIGTERM (ebrl.interrupts) ask the run to stop at the next update boundary.
+    self.stop_requested = threading.Event()
+    self._finished: dict | None = None
 
     self.writer = MetricsWriter(self.workdir)
     self.start_env_steps = self.env_steps
@@ -150,7 +198,7 @@ class Trainer:
       with adopt:
         self.groups = make_env_groups(
             cfg.env.name, cfg.num_envs, num_groups, recv_batch=self.recv_batch, num_threads=threads,
-            seed=cfg.seed, max_episode_steps=cfg.env.max_episode_steps, from_pixels=cfg.env.from_pixels,
+            seed=self.env_seed, max_episode_steps=cfg.env.max_episode_steps, from_pixels=cfg.env.from_pixels,
             render_size=cfg.env.render_size, straggler_fraction=cfg.env.straggler_fraction,
             straggler_slowdown=cfg.env.straggler_slowdown,
             straggler_step_s=cfg.env.straggler_step_ms / 1000.0 or None,
@@ -204,26 +252,48 @@ class Trainer:
 
   # -- resume / checkpoint --------------------------------------------------
 
-  def _resume(self) -> None:
+  def _resume(self) -> bool:
+    """Restores the newest readable checkpoint, if any; returns whether one was restored."""
     restored = self.checkpointer.restore_latest(self.state)
     if restored is None:
-      return
+      return False
     self.state, meta = restored
     self.env_steps = int(meta["env_steps"])
     self.prior_wall_s = float(meta["wall_s"])
     self.time_to_success_s = meta.get("time_to_success_s")
     self.env_steps_to_success = meta.get("env_steps_to_success")
-    self.best_success_rate = float(meta.get("best_success_rate") or float("nan"))
+    best = meta.get("best_success_rate")
+    self.best_success_rate = float("nan") if best is None else float(best)
+    self.stale_dropped = int(meta.get("stale_dropped", 0))
+    self.force_started = int(meta.get("force_started", 0))
     self.tracker.load_state_dict(meta.get("episodes", {}))
     self.sampler.restore_counter(int(meta.get("sampler_calls", 0)))
+    _drop_rows_after(os.path.join(self.workdir, "metrics.jsonl"), self.env_steps)
     tqdm.tqdm.write(f"resumed from {self.checkpointer.path(self.env_steps)} at {self.env_steps} env steps")
+    return True
+
+  def _warm_start(self, path: str) -> None:
+    from ebrl.warm_start import load_params
+    try:
+      params = load_params(path, self.state.params)
+    except ValueError as e:
+      self.adapter.close()
+      raise UserError(str(e)) from None
+    self.state = self.state.replace(params=params)
+    tqdm.tqdm.write(f"warm start: policy params from {path}")
 
   def checkpoint(self) -> None:
-    meta = {"env_steps": self.env_steps, "wall_s": self.wall_s(), "time_to_success_s": self.time_to_success_s,
+    if any(x.is_deleted() for x in jax.tree.leaves(self.state)):
+      # An update was cut off after it took (donated) the state: the last checkpoint stays the good one.
+      tqdm.tqdm.write("not checkpointing: the train state is inside an unfinished update")
+      return
+    env_steps = self.env_steps  # Read once: the sampler thread may be adding to it.
+    meta = {"env_steps": env_steps, "wall_s": self.wall_s(), "time_to_success_s": self.time_to_success_s,
             "env_steps_to_success": self.env_steps_to_success,
             "best_success_rate": _finite_or_none(self.best_success_rate),
+            "stale_dropped": self.stale_dropped, "force_started": self.force_started, "env_seed": self.env_seed,
             "episodes": self.tracker.state_dict(), "sampler_calls": self.sampler.calls}
-    self.checkpointer.save(self.env_steps, self.state, meta)
+    self.checkpointer.save(env_steps, self.state, meta)
     self._last_ckpt = time.time()
 
   # -- progress ---------------------------------------------------------------
@@ -240,10 +310,20 @@ class Trainer:
     self.env_steps += n
 
   def should_stop(self, total_env_steps: int) -> bool:
-    return self.env_steps >= total_env_steps or (self.deadline is not None and time.time() >= self.deadline)
+    """A learning run ends after the updates its budget pays for (ebrl.layout.total_updates), the
+    count its learning-rate schedule decays over; a random one after its env steps. Also at the
+    deadline (benchmarks) or when a stop was requested (Ctrl-C)."""
+    if self.stop_requested.is_set() or (self.deadline is not None and time.time() >= self.deadline):
+      return True
+    if self.cfg.scheduler == "random":
+      return self.env_steps >= total_env_steps
+    return self.updates_done >= layout.total_updates(self.cfg, total_env_steps)
 
   def after_update(self, metrics: dict) -> None:
     now = time.time()
+    self.updates_done = int(self.state.version)
+    if "stale_dropped" in metrics:
+      self.stale_dropped += int(metrics["stale_dropped"])
     sr = self.tracker.success_rate
     if math.isfinite(sr):
       self.best_success_rate = sr if not math.isfinite(self.best_success_rate) else max(self.best_success_rate, sr)
@@ -301,7 +381,9 @@ class Trainer:
     return row
 
   def finish(self) -> dict:
-    """Final checkpoint, summary.json and plots; returns the summary."""
+    """Final checkpoint, summary.json and plots, once; returns the summary (again on a second call)."""
+    if self._finished is not None:
+      return self._finished
     self.bar.close()
     if self._last_metrics:
       self.log(self._last_metrics)
@@ -327,7 +409,10 @@ class Trainer:
         "episodes": self.tracker.episodes,
         "policy_version": int(self.state.version),
         "nan_resets": self.adapter.nan_resets,
-        "skipped_updates": int(self.state.skipped_updates),
+        "skipped_updates": _skipped(self.state),
+        "stale_dropped": self.stale_dropped,
+        "force_started": self.force_started,
+        "env_seed": self.env_seed,
         "stage_busy": {k: v / max(elapsed, 1e-9) for k, v in stages.items()},
     }
     write_json(os.path.join(self.workdir, "summary.json"), summary)
@@ -338,4 +423,5 @@ class Trainer:
       self._controller_plot(rows, title)
     self.tracer.write_chrome(os.path.join(self.workdir, "trace.json"))
     plots.timeline(self.tracer.spans(), os.path.join(self.workdir, "plots", "timeline.png"), title)
+    self._finished = summary
     return summary

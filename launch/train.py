@@ -34,18 +34,23 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     common.fail(f"unexpected arguments {argv[1:]}; use --config.<key>=<value> flags")
   cfg = common.config_value(_CONFIG)
+  if cfg.resume and not _WORKDIR.value:
+    common.fail("--config.resume=True continues the run in --workdir; pass --workdir=<the run's directory>")
   common.enable_compilation_cache()
-  from ebrl.scheduler import make_scheduler  # pylint: disable=g-import-not-at-top
+  from ebrl import interrupts  # pylint: disable=g-import-not-at-top
+  from ebrl.scheduler import make_scheduler
   from ebrl.trainer import Trainer
 
   workdir = _WORKDIR.value or default_workdir(cfg)
   trainer = Trainer(cfg, workdir, launch_time=LAUNCH_TIME, progress=_PROGRESS.value)
   scheduler = make_scheduler(cfg.scheduler, trainer)
-  try:
-    scheduler.run(cfg.total_env_steps)
-  except KeyboardInterrupt:
-    print("interrupted; saving a checkpoint and the summary")
-  summary = trainer.finish()
+  print(f"training {cfg.env.name} ({cfg.policy.name}, {cfg.scheduler}) in {trainer.workdir}", flush=True)
+  with interrupts.stop_on_signals(trainer.stop_requested):
+    try:
+      scheduler.run(cfg.total_env_steps)
+    except KeyboardInterrupt:  # Only where no signal handler could be installed.
+      print("interrupted; saving a checkpoint and the summary")
+    summary = trainer.finish()
   print(json.dumps({k: summary[k] for k in (
       "env", "env_steps", "wall_s", "env_steps_per_s", "final_success_rate", "time_to_success_s")}))
   print(f"outputs in {trainer.workdir}")

@@ -1,4 +1,12 @@
-"""Checkpoints are atomic Orbax saves; resume continues the run exactly where it stopped."""
+"""Checkpoints are atomic Orbax saves; resume continues the run where it stopped.
+
+Restored exactly: the train state (params, Adam moments, normaliser, learner
+key), the env-step and sampler-call counters (so action keys continue their
+sequence) and the episode window. Deliberately not replayed: the envs, whose
+resumed launch draws fresh initial states from a seed derived from the run seed
+and the env steps it resumes at (tests/test_run_lifecycle.py checks they differ
+from the first launch's and repeat for the same checkpoint).
+"""
 
 from __future__ import annotations
 
@@ -73,7 +81,8 @@ def test_resume_restores_state_counters_and_rng(first_run, tmp_path):
   assert int(resumed.state.version) == int(done.state.version)
   for a, b in zip(leaves(resumed.state), leaves(done.state)):
     np.testing.assert_array_equal(a, b)  # params, Adam moments, normaliser, learner key
-  assert resumed.sampler.calls == done.sampler.calls
+  assert resumed.sampler.calls == done.sampler.calls  # Action keys continue their sequence.
+  assert resumed.env_seed != done.env_seed == 0  # Fresh initial states, not the first launch's again.
   assert list(resumed.tracker.recent) == list(done.tracker.recent)
   # The same rollout gives the same update from the restored state as from the original.
   rng = np.random.default_rng(0)

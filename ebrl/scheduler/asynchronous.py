@@ -16,16 +16,26 @@ Threads and what they exchange (small messages over queues, as Sample Factory):
 A slow env never holds the others back: EnvPool returns envs as they finish
 (async mode), and the learner takes whichever segments are complete. Rollout
 overlaps training: the sampler switches to new params between batches without
-waiting. Staleness is bounded by the queue's capacity rule: an env whose next
-action would start a segment beyond (max_staleness + version + 1) *
-segments_per_update is parked until the learner catches up, while envs in the
-middle of a segment continue. With max_staleness = 0 this is on-policy PPO.
+waiting. Staleness is bounded by the TrajectoryQueue: an env whose next action
+would start a segment beyond the queue's capacity is parked until the learner
+catches up, while envs in the middle of a segment continue; the learner takes
+segments earliest deadline first and waits for a straggler only when passing
+it by would leave one more than max_staleness versions behind. With
+max_staleness = 0 this is on-policy PPO.
+
+Deadlock breaker: async EnvPool returns whole batches, so a group with too many
+envs parked cannot return the envs it still has in flight. If the learner then
+waits for segments and every group is stuck that way, nothing can move: the
+sampler force-starts one parked env at a time beyond capacity until a group
+can return envs again. Only force-started segments can reach the learner too
+stale (it masks those samples); `queue.forced` counts them.
 
 Any exception in a thread stops the run and is re-raised by `run`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
 import time
@@ -38,7 +48,7 @@ from ebrl.assembler import Segment, TrajectoryAssembler
 from ebrl.scheduler.stage_threads import POLL_S, StageThreads, learner_loop
 from ebrl.trajectory_queue import TrajectoryQueue
 from ebrl.types import SegmentBatch
-from sim_adapters.base import StepBatch
+from sim_adapters.base import StepBatch, concat_batches
 
 _WAKE = ("wake", None)
 
@@ -51,7 +61,8 @@ def stack_segments(segments: list[Segment]) -> SegmentBatch:
       actions=stack([s.actions for s in segments]), logp=stack([s.logp for s in segments]),
       rewards=stack([s.rewards for s in segments]), terminated=stack([s.terminated for s in segments]),
       done=stack([s.done for s in segments]), valid=stack([s.valid for s in segments]),
-      version=stack([s.version for s in segments]))
+      version=stack([s.version for s in segments]),
+      discount=None if segments[0].discount is None else stack([s.discount for s in segments]))
 
 
 def _rows(b: StepBatch, idx: np.ndarray) -> dict[str, np.ndarray]:
@@ -75,7 +86,8 @@ class AsyncScheduler:
       self._apply_plan(self.resources.plan)
       self.resources.listeners.append(self._apply_plan)
     self.queue = TrajectoryQueue(cfg.segments_per_update or t.cfg.num_envs, cfg.max_staleness)
-    self.assembler = TrajectoryAssembler(t.spec, t.cfg.num_envs, t.cfg.rollout_length, self.queue.put,
+    self.assembler = TrajectoryAssembler(t.spec, t.cfg.num_envs, t.cfg.rollout_length,
+                                         lambda seg: self.queue.put(seg, seg.start_version, seg.forced),
                                          t.action_size)
     self._ready: queue.Queue = queue.Queue()
     self._replies = [queue.Queue() for _ in range(len(self.groups))]
@@ -84,7 +96,7 @@ class AsyncScheduler:
     self._stages = StageThreads()
     self._stop = self._stages.stop
     # Set by a group that cannot recv (too few envs in flight for a whole batch) and
-    # got no parked actions for a while: its parked envs are then served at once.
+    # got no parked actions for a while; cleared when it can recv or sends again.
     self._starved = [threading.Event() for _ in range(len(self.groups))]
 
   def _apply_plan(self, plan) -> None:
@@ -130,7 +142,9 @@ class AsyncScheduler:
       # return (async EnvPool waits for a whole batch): then wait for their actions.
       sent = self._send_late(g, block=not adapter.can_recv())
       if not adapter.can_recv():
-        if not sent:
+        if sent:
+          self._starved[g].clear()
+        else:
           self._starved[g].set()
         continue
       self._starved[g].clear()
@@ -198,14 +212,8 @@ class AsyncScheduler:
       items = self._collect()
       if not items:
         continue
-      gids = np.concatenate([b.env_ids + offsets[g] for g, b in items])
-      merged = StepBatch(
-          obs={k: np.concatenate([b.obs[k] for _, b in items]) for k in items[0][1].obs},
-          reward=np.concatenate([b.reward for _, b in items]),
-          terminated=np.concatenate([b.terminated for _, b in items]),
-          truncated=np.concatenate([b.truncated for _, b in items]),
-          success=np.concatenate([b.success for _, b in items]),
-          env_ids=gids, reset_step=np.concatenate([b.reset_step for _, b in items]))
+      merged = concat_batches([dataclasses.replace(b, env_ids=b.env_ids + offsets[g]) for g, b in items])
+      gids = merged.env_ids
       closed = self.assembler.pending[gids]
       t.tracker.observe(merged)
       self.assembler.complete(gids, merged)
@@ -213,7 +221,8 @@ class AsyncScheduler:
       # The staleness throttle: envs that would start a segment beyond capacity are parked.
       serve = np.ones(len(gids), bool)
       starts = np.flatnonzero(self.assembler.needs_new_segment(gids))
-      granted = self.queue.try_start(len(starts))
+      granted, start_version = self.queue.try_start(len(starts))
+      self.assembler.begin(gids[starts[:granted]], start_version)
       serve[starts[granted:]] = False
       acts = self._generate(merged.obs, gids, serve)
       # Reply to every group (possibly with no actions: its envs are parked).
@@ -241,22 +250,24 @@ class AsyncScheduler:
     env_actions[idx] = acts.env_action
     return env_actions
 
+  def _deadlocked(self) -> bool:
+    """The learner waits for segments and no group can return an env (see the module docstring)."""
+    return self.queue.learner_waiting and all(s.is_set() for s in self._starved)
+
   def _serve_parked(self) -> None:
     """Generates for parked envs once the learner has made room, oldest first."""
     if not self._parked:
       return
     offsets = self.groups.offsets
+    force = 1 if self._deadlocked() else 0  # One env at a time: as few beyond capacity as will do.
     keep = []
     for g, ids, obs in self._parked:
-      granted = self.queue.try_start(len(ids))
-      if (granted < len(ids) and self._starved[g].is_set()
-          and len(self.queue) < self.queue.segments_per_update):
-        # Deadlock: the learner waits for segments of envs still in flight in this
-        # group, which can only come back once these are sent too (async EnvPool
-        # returns whole batches). Start them beyond capacity; the learner masks any
-        # of their samples that end up more than eta versions old, so the bound holds.
-        # (A learner that merely lags has a full update queued and is left to catch up.)
-        granted += self.queue.force_start(len(ids) - granted)
+      granted, start_version = self.queue.try_start(len(ids))
+      self.assembler.begin(ids[:granted] + offsets[g], start_version)
+      if force and granted < len(ids):
+        self.assembler.begin(ids[granted:granted + 1] + offsets[g], self.queue.force_start(1), forced=True)
+        self.t.force_started += 1
+        granted, force = granted + 1, 0
       if granted:
         go = slice(0, granted)
         sub = {k: v[go] for k, v in obs.items()}

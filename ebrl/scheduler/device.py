@@ -109,7 +109,10 @@ class DeviceScheduler:
     self.t = trainer
     self.learn = learn
     self.sim: DeviceSim = trainer.device_sim
-    self.reset_key, self.key = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(trainer.cfg.seed), 0x5EED))
+    # Initial states follow the launch's env seed (fresh on resume); actions the run seed and the
+    # sampler's call counter, so a resumed run continues the key sequence.
+    self.reset_key = jax.random.fold_in(jax.random.PRNGKey(trainer.env_seed), 0x5EED)
+    self.key = jax.random.fold_in(jax.random.PRNGKey(trainer.cfg.seed), 0xAC7)
     self._replicated = NamedSharding(self.sim.mesh, P()) if self.sim.mesh is not None else None
 
   def _params(self):

@@ -16,15 +16,16 @@ one DeviceSim (the compiled reset/step/collect are shared). Threads:
 
 Rollout overlaps training: while the learner updates, every group keeps
 collecting with the params it last saw. The queue counts group batches, so
-AReaL's capacity rule `(eta + version + 1) * k` over batches (k batches per
-update) is the env-segment rule scaled by the group size; a group waits until
-the learner makes room. Batches are numbered when their start is granted and
-handed to the learner in that order, so batch n feeds update floor(n / k).
-It was granted at a learner version V with n < (eta + V + 1) * k, and its
-params are read after the grant (the learner publishes params before it
-raises the queue's version), so its behaviour version is >= V and its lag
-floor(n / k) - version <= eta: the bound holds by construction and nothing is
-masked. All groups step the same sim at the same batch size, so ordering costs
+AReaL's capacity rule (fewer than (eta + 1) * k batches started and not yet
+consumed, k batches per update) is the env-segment rule scaled by the group
+size; a group waits until the learner makes room. Batches are numbered when
+their start is granted and handed to the learner in that order, which is also
+the queue's earliest-deadline order, so batch n feeds update floor(n / k). It
+was granted at a learner version V after updates 0 .. V - 1 consumed V * k
+batches, so n < (eta + V + 1) * k; its params are read after the grant (the
+learner publishes params before it raises the queue's version), so its
+behaviour version is >= V and its lag floor(n / k) - V <= eta: the bound holds
+by construction and nothing is masked. All groups step the same sim at the same batch size, so ordering costs
 no straggler wait. With eta = 0 every batch comes from the params the update
 starts from: exactly sync PPO on the same data (tests/test_mjx_async.py).
 
@@ -104,13 +105,16 @@ class DeviceAsyncScheduler:
     self.queue = TrajectoryQueue(segments // per_group, t.cfg.ebrl.max_staleness)
     lc = t.learner.cfg
     self.collect = make_segment_collect(self.sim, t.policy, t.cfg.rollout_length, lc.gamma, lc.reward_scale)
-    self.reset_key, self.key = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(t.cfg.seed), 0x5EED))
+    # Initial states follow the launch's env seed (fresh on resume); actions the run seed and the
+    # sampler's call counter, so a resumed run continues the key sequence.
+    self.reset_key = jax.random.fold_in(jax.random.PRNGKey(t.env_seed), 0x5EED)
+    self.key = jax.random.fold_in(jax.random.PRNGKey(t.cfg.seed), 0xAC7)
     self._replicated = NamedSharding(self.sim.mesh, P()) if self.sim.mesh is not None else None
     self._lock = threading.Lock()  # Guards the published params, the key counter and env_steps.
     self._room = threading.Condition()  # Guards starts and tickets; notified when the learner publishes.
     self._tickets = 0  # Batches granted so far in this run (they reach the learner in this order).
     self._order = threading.Lock()  # Guards the batches waiting for an earlier ticket.
-    self._pending: dict[int, SegmentBatch] = {}
+    self._pending: dict[int, tuple[SegmentBatch, int]] = {}  # ticket -> (batch, start version)
     self._next = 0  # The ticket the learner gets next.
     self._compile = threading.Lock()  # The first collect compiles once, not once per group.
     self._published: tuple = (None, -1)
@@ -162,7 +166,7 @@ class DeviceAsyncScheduler:
       start = self._reserve()
       if start is None:
         continue
-      ticket, params, version, key = start
+      ticket, start_version, params, version, key = start
       with t.clock.stage("sim", lane=lane):
         if first:
           with self._compile:
@@ -173,12 +177,14 @@ class DeviceAsyncScheduler:
           state, batch, finished = self.collect(params, state, key, jnp.int32(version))
         finished, nan_resets = jax.device_get((finished, state.nan_resets))
       self._account(g, finished, int(nan_resets))
-      self._release(ticket, batch)
+      self._release(ticket, batch, start_version)
 
   def _reserve(self) -> tuple | None:
-    """The next batch's (ticket, params, version, key) under the capacity rule, or None after a short wait."""
+    """The next batch's (ticket, start version, params, version, key) under the capacity rule, or None
+    after a short wait."""
     with self._room:
-      if not self.queue.try_start(1):
+      granted, start_version = self.queue.try_start(1)
+      if not granted:
         self._room.wait(POLL_S)
         return None
       ticket = self._tickets
@@ -188,14 +194,14 @@ class DeviceAsyncScheduler:
       # The sampler's call counter numbers the collects, so a resumed run continues the key sequence.
       calls = self.t.sampler.calls
       self.t.sampler.restore_counter(calls + 1)
-    return ticket, params, version, jax.random.fold_in(self.key, calls)
+    return ticket, start_version, params, version, jax.random.fold_in(self.key, calls)
 
-  def _release(self, ticket: int, batch: SegmentBatch) -> None:
+  def _release(self, ticket: int, batch: SegmentBatch, start_version: int) -> None:
     """Queues batches for the learner in ticket order (see the module docstring)."""
     with self._order:
-      self._pending[ticket] = batch
+      self._pending[ticket] = (batch, start_version)
       while self._next in self._pending:
-        self.queue.put(self._pending.pop(self._next))
+        self.queue.put(*self._pending.pop(self._next))
         self._next += 1
 
   def _account(self, g: int, finished: Finished, nan_resets: int) -> None:

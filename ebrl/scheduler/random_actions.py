@@ -19,7 +19,7 @@ class RandomScheduler:
   def run(self, total_env_steps: int) -> None:
     t = self.t
     adapter, clock, spec, n = t.adapter, t.clock, t.spec, t.cfg.num_envs
-    rng = np.random.default_rng(t.cfg.seed)
+    rng = np.random.default_rng(t.env_seed)
     with clock.stage("sim"):
       adapter.reset()
       t.tracker.observe(gather_all(adapter, n))

@@ -1,0 +1,92 @@
+"""A run's workdir: never silently reused, and resumed only with the config that made it.
+
+Why: a fresh run in a used workdir would append to the old metrics.jsonl, skip
+checkpoint steps that already exist and later resume from the old run's
+checkpoint; a resume with another env, policy or shape would fail deep inside
+Orbax (or, worse, train on). Both are told apart from a real resume before
+anything is built, and before config.json is rewritten.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from ebrl.errors import UserError
+
+CONFIG_FILE = "config.json"
+_RUN_FILES = (CONFIG_FILE, "metrics.jsonl", "summary.json")
+
+# Keys a resumed run may change: budgets, logging, and how the same work is placed and batched.
+RESUMABLE_KEYS = ("total_env_steps", "target_success", "resume", "warm_start", "log_every_s",
+                  "checkpoint_every_s", "keep_checkpoints", "env.num_threads", "resources", "quotas.",
+                  "ebrl.num_groups", "ebrl.recv_batch", "ebrl.max_gen_batch", "ebrl.max_wait_ms")
+
+
+def holds_run(path: str) -> bool:
+  """Whether `path` has the outputs of a run (its config, metrics or a checkpoint)."""
+  if any(os.path.exists(os.path.join(path, f)) for f in _RUN_FILES):
+    return True
+  ckpt = os.path.join(path, "checkpoints")
+  return os.path.isdir(ckpt) and any(d.isdigit() for d in os.listdir(ckpt))
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+  out = {}
+  for k, v in d.items():
+    if isinstance(v, dict):
+      out.update(_flat(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+def config_differences(saved: dict, cfg) -> list[str]:
+  """'key: saved -> now' for every key both configs have that a resume may not change."""
+  now = _flat(json.loads(cfg.to_json_best_effort()))
+  saved = _flat(saved)
+  resumable = lambda k: any(k == r or (r.endswith(".") and k.startswith(r)) for r in RESUMABLE_KEYS)
+  return [f"{k}: {saved[k]!r} -> {now[k]!r}" for k in sorted(saved.keys() & now.keys())
+          if saved[k] != now[k] and not resumable(k)]
+
+
+def check_writable(path: str, flag: str = "workdir") -> None:
+  """Creates the directory if needed and proves it is writable."""
+  try:
+    os.makedirs(path, exist_ok=True)
+    probe = os.path.join(path, ".write_probe")
+    with open(probe, "w") as f:
+      f.write("ok")
+    os.remove(probe)
+  except OSError as e:
+    raise UserError(f"{flag} '{path}' is not writable ({e.strerror}); pass --{flag}=<a writable directory>") from None
+
+
+def prepare(path: str, cfg) -> None:
+  """Creates the workdir, proves it writable, and refuses a used one unless this is its resume."""
+  check_writable(path)
+  if not holds_run(path):
+    return
+  if not cfg.resume:
+    raise UserError(f"workdir '{path}' already holds a run; pass --config.resume=True to continue it, "
+                    "or another --workdir for a new run")
+  saved_path = os.path.join(path, CONFIG_FILE)
+  if not os.path.isfile(saved_path):
+    return
+  try:
+    with open(saved_path) as f:
+      saved = json.load(f)
+  except (OSError, ValueError) as e:
+    raise UserError(f"cannot read {saved_path} to check the resumed config ({e})") from None
+  diff = config_differences(saved, cfg)
+  if diff:
+    raise UserError(f"--config.resume=True with a config that differs from the run in '{path}': "
+                    f"{'; '.join(diff)}; resume with the run's own config or start a new --workdir")
+
+
+def write_config(path: str, cfg) -> None:
+  """config.json, written atomically (a crash never leaves half of it)."""
+  target = os.path.join(path, CONFIG_FILE)
+  with open(target + ".tmp", "w") as f:
+    f.write(cfg.to_json_best_effort(indent=2))
+  os.replace(target + ".tmp", target)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 
 import numpy as np
 
@@ -39,6 +40,10 @@ MT10_TASKS: dict[str, str] = {
     "WindowOpen-v3": "slide the window open",
     "WindowClose-v3": "slide the window closed",
 }
+
+
+_ERROR_POLL_S = 0.1  # How often a waiting recv checks for a dead receiver.
+_CLOSE_S = 10.0  # Longest close() waits for all receivers together.
 
 
 def task_shares(num_envs: int, num_tasks: int) -> np.ndarray:
@@ -84,6 +89,7 @@ class MultiTaskAdapter:
     self._ready: queue.Queue = queue.Queue()
     self._receivers: list[threading.Thread] = []
     self._closed = False
+    self._error: BaseException | None = None  # The first receiver error, raised by recv().
 
   @property
   def nan_resets(self) -> int:
@@ -117,31 +123,46 @@ class MultiTaskAdapter:
       self._cond.notify_all()
 
   def _receive(self, k: int) -> None:
-    """Receiver thread of pool k (async mode): waits for envs in flight, then for their results."""
+    """Receiver thread of pool k (async mode): waits for a whole batch in flight, then for its results."""
     sub = self._subs[k]
-    while True:
+    try:
+      while True:
+        with self._cond:
+          while self._outstanding[k] < sub.batch_size and not self._closed:
+            self._cond.wait()
+          if self._closed:
+            return
+        b = self._label(k, sub.recv())
+        with self._cond:  # Both at once, so `can_recv` never sees the rows in neither place.
+          self._outstanding[k] -= len(b)
+          self._ready.put(b)
+    except BaseException as e:  # pylint: disable=broad-except  # Raised by recv() in the caller's thread.
       with self._cond:
-        while self._outstanding[k] == 0 and not self._closed:
-          self._cond.wait()
-        if self._closed:
-          return
-      b = self._label(k, sub.recv())
-      with self._cond:  # Both at once, so `can_recv` never sees the rows in neither place.
-        self._outstanding[k] -= len(b)
-        self._ready.put(b)
+        if self._error is None:
+          self._error = RuntimeError(f"MetaWorld/MT10 receiver of task {list(MT10_TASKS)[k]} failed: "
+                                     f"{type(e).__name__}: {e}")
+          self._error.__cause__ = e
+        self._cond.notify_all()
 
   def can_recv(self) -> bool:
     """Whether `recv` can return without more sends (async: some pool has a full batch in flight)."""
     if not self.is_async:
       return bool(self._outstanding.any())
     with self._cond:
-      return not self._ready.empty() or any(
+      return self._error is not None or not self._ready.empty() or any(
           self._outstanding[k] >= sub.batch_size for k, sub in enumerate(self._subs))
 
   def recv(self) -> StepBatch:
     if self.is_async:
-      # Whatever is ready now; wait only when nothing is.
-      batches = [self._ready.get()]
+      # Whatever is ready now; wait only when nothing is (and notice a dead receiver meanwhile).
+      while True:
+        if self._error is not None:
+          raise self._error
+        try:
+          batches = [self._ready.get(timeout=_ERROR_POLL_S)]
+          break
+        except queue.Empty:
+          continue
       while True:
         try:
           batches.append(self._ready.get_nowait())
@@ -171,8 +192,9 @@ class MultiTaskAdapter:
     with self._cond:
       self._closed = True
       self._cond.notify_all()
-    # A receiver inside a pool's recv returns once its envs finish stepping.
+    # A receiver inside a pool's recv has a whole batch in flight: it returns within a step.
+    deadline = time.monotonic() + _CLOSE_S
     for th in self._receivers:
-      th.join(timeout=5.0)
+      th.join(timeout=max(0.0, deadline - time.monotonic()))
     for s in self._subs:
       s.close()

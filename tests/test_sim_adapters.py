@@ -10,6 +10,8 @@ into one raw row (observation or reward) to exercise the non-finite guard.
 
 from __future__ import annotations
 
+import time
+
 import envpool
 import numpy as np
 import pytest
@@ -513,3 +515,63 @@ def test_unknown_env_suggests_close_names():
   check_env_name("MetaWorld/MT10")
   with pytest.raises(UnknownEnvError):
     make_adapter("MetaWorld/Reach-v2", 2)
+
+
+# -- MT10 receivers: a dead one is an error, close never waits on envs not sent ----------
+
+
+def test_mt10_dead_receiver_is_raised_by_recv(make):
+  adapter = make("MetaWorld/MT10", 20, batch_size=10)
+  broken = adapter._subs[3]  # pylint: disable=protected-access
+
+  def fail():
+    raise OSError("pool 3 lost its simulator")
+
+  broken.recv = fail
+  adapter.reset()
+  deadline = time.time() + 10
+  with pytest.raises(RuntimeError, match="receiver of task DoorOpen-v3 failed: OSError: pool 3 lost"):
+    while time.time() < deadline:  # Rows from healthy pools come first; the error within 10 s.
+      b = adapter.recv()
+      adapter.send(np.zeros((len(b), 4), np.float32), b.env_ids)
+  assert adapter.can_recv()  # So a scheduler waiting to recv goes to recv and meets the error.
+
+
+def test_mt10_close_is_quick_with_envs_left_unsent(make):
+  """Envs parked by a scheduler leave pools without a whole batch in flight; close must not wait on them."""
+  adapter = make("MetaWorld/MT10", 40, batch_size=20)
+  adapter.reset()
+  first = adapter.recv()  # Received and never sent again: their pools stay short of a batch.
+  assert len(first)
+  start = time.time()
+  adapter.close()
+  assert time.time() - start < 2.0
+
+
+def test_mt10_receiver_error_ends_an_ebrl_run(tmp_path):
+  from ebrl.scheduler import make_scheduler  # pylint: disable=g-import-not-at-top
+  from ebrl.trainer import Trainer
+  from launch.configs import default
+
+  cfg = default.get_config()
+  cfg.env.name, cfg.scheduler, cfg.num_envs, cfg.rollout_length = "MetaWorld/MT10", "ebrl", 20, 8
+  cfg.policy.hidden, cfg.algorithm.epochs, cfg.algorithm.num_minibatches = (16, 16), 1, 2
+  cfg.total_env_steps, cfg.checkpoint_every_s = 10**9, 1e9
+  trainer = Trainer(cfg, str(tmp_path), progress=False)
+  sub = trainer.adapter._subs[5]  # pylint: disable=protected-access
+  recv, failed_at = sub.recv, []
+
+  def flaky():
+    if len(failed_at) or sub.calls > 20:
+      failed_at.append(time.time())
+      raise ValueError("simulated EnvPool failure")
+    sub.calls += 1
+    return recv()
+
+  sub.calls, sub.recv = 0, flaky
+  with pytest.raises(RuntimeError, match="DrawerClose-v3 failed: ValueError: simulated EnvPool failure"):
+    make_scheduler("ebrl", trainer).run(cfg.total_env_steps)
+  assert time.time() - failed_at[0] < 10  # The run ended with the receiver's error within 10 s.
+  close_start = time.time()
+  trainer.adapter.close()
+  assert time.time() - close_start < 2.0

@@ -30,7 +30,8 @@ class PPOConfig:
 
 
 def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
-  return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+  """Mean over mask > 0; a masked value never reaches the sum (inf * 0 would be NaN)."""
+  return jnp.sum(jnp.where(mask > 0, x, 0.0)) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
 def ppo_loss(cfg: PPOConfig, logp: jax.Array, entropy: jax.Array, value: jax.Array,
@@ -43,16 +44,23 @@ def ppo_loss(cfg: PPOConfig, logp: jax.Array, entropy: jax.Array, value: jax.Arr
   is the log-prob of the policy that acted.
   """
   mask = mask.astype(jnp.float32)
+  # Masked samples (resets, too stale) are zeroed before any arithmetic, not after: a stale
+  # sample's ratio against its behaviour policy can overflow float32, and inf * 0 = NaN would
+  # cost the whole minibatch. Zeroing the inputs also keeps their gradients exactly 0.
+  keep = mask > 0
+  zero = lambda x: jnp.where(keep, x, 0.0)
+  advantages, returns = zero(advantages), zero(returns)
   if cfg.normalize_advantages:
     mean = masked_mean(advantages, mask)
     std = jnp.sqrt(masked_mean(jnp.square(advantages - mean), mask))
     advantages = (advantages - mean) / (std + 1e-8)
-  log_ratio = logp - old_logp
+  log_ratio = zero(logp - old_logp)
   ratio = jnp.exp(log_ratio)
   pg = -jnp.minimum(ratio * advantages, jnp.clip(ratio, 1 - cfg.clip_eps, 1 + cfg.clip_eps) * advantages)
   if behaviour_logp is not None:
-    weight = jnp.minimum(jnp.exp(old_logp - behaviour_logp), cfg.behaviour_weight_clip)
+    weight = jnp.minimum(jnp.exp(zero(old_logp - behaviour_logp)), cfg.behaviour_weight_clip)
     pg = jax.lax.stop_gradient(weight) * pg
+  value, old_value = zero(value), zero(old_value)
   v_err = jnp.square(value - returns)
   if cfg.value_clip_eps > 0:
     clipped = old_value + jnp.clip(value - old_value, -cfg.value_clip_eps, cfg.value_clip_eps)

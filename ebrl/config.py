@@ -6,6 +6,7 @@ be valid; launchers print it and exit 2.
 
 from __future__ import annotations
 
+import math
 import os
 
 from ebrl.errors import UserError
@@ -19,11 +20,32 @@ CORRECTIONS = ("decoupled_ppo", "vtrace")
 RESOURCE_MODES = ("off", "auto", "naive", "manual")
 REWARD_TYPES = ("chunk", "action")  # sim_adapters/chunks.py
 VLA_DECODES = ("parallel", "autoregressive")
+# EnvPool takes int32 seeds, and env groups (seed + 7919 g), MT10's task pools (seed + 1000 k) and
+# per-env seeds add offsets to the run's seed: this headroom keeps every one of them an int32.
+SEED_HEADROOM = 2**20
+SEED_MAX = 2**31 - 1 - SEED_HEADROOM
+MIN_RENDER_SIZE = 8  # Smaller frames leave the cnn's first conv nothing to see.
+
+
+def _is_number(value) -> bool:
+  """A real int or float (bool is an int to Python, never a number here)."""
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _positive(name: str, value) -> None:
-  if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-    raise UserError(f"{name}={value!r} must be a positive number")
+  """NaN and inf pass a `> 0` test and then stall or poison a run, so they are rejected too."""
+  if not _is_number(value) or not math.isfinite(value) or value <= 0:
+    raise UserError(f"{name}={value!r} must be a positive finite number")
+
+
+def _non_negative(name: str, value, note: str = "") -> None:
+  if not _is_number(value) or not math.isfinite(value) or value < 0:
+    raise UserError(f"{name}={value!r} must be a finite number >= 0{note}")
+
+
+def _integer_at_least(name: str, value, low: int, note: str = "") -> None:
+  if not isinstance(value, int) or isinstance(value, bool) or value < low:
+    raise UserError(f"{name}={value!r} must be an integer >= {low}{note}")
 
 
 def num_groups(cfg) -> int:
@@ -79,6 +101,7 @@ def validate(cfg, num_devices: int) -> None:
     _positive(name, cfg[name])
   for name in ("epochs", "num_minibatches", "learning_rate", "max_grad_norm"):
     _positive(f"algorithm.{name}", cfg.algorithm[name])
+  _check_loss(cfg.algorithm)
   for name in ("gamma", "gae_lambda"):
     if not 0.0 <= cfg.algorithm[name] <= 1.0:
       raise UserError(f"algorithm.{name}={cfg.algorithm[name]!r} must be in [0, 1]")
@@ -108,9 +131,9 @@ def validate(cfg, num_devices: int) -> None:
     per_group = cfg.num_envs // groups
     if e.recv_batch < 0 or e.recv_batch >= per_group:
       raise UserError(f"ebrl.recv_batch={e.recv_batch} must be in [0, {per_group}) (envs per group; 0 = auto)")
-    for name in ("max_gen_batch", "segments_per_update", "max_wait_ms"):
-      if e[name] < 0:
-        raise UserError(f"ebrl.{name}={e[name]!r} must be >= 0")
+    for name in ("max_gen_batch", "segments_per_update"):
+      _integer_at_least(f"ebrl.{name}", e[name], 0, " (0 = auto)")
+    _non_negative("ebrl.max_wait_ms", e.max_wait_ms)
     segments = e.segments_per_update or cfg.num_envs
     if (segments * cfg.rollout_length) % cfg.algorithm.num_minibatches:
       raise UserError(f"algorithm.num_minibatches={cfg.algorithm.num_minibatches} must divide "
@@ -123,20 +146,51 @@ def validate(cfg, num_devices: int) -> None:
     if device and per_group % num_devices:
       raise UserError(f"num_envs / ebrl.num_groups = {per_group} envs per group must be divisible by the "
                       f"{num_devices} devices of the sim mesh")
+  _check_run(cfg)
+  _check_env(cfg)
   _check_resources(cfg, device)
   _check_chunks(cfg, device)
   _check_render_stage(cfg)
   _check_policy(cfg)
   _check_grpo_and_warm_start(cfg, device)
-  if cfg.env.shift_at_s < 0 or cfg.env.shift_sim_us < 0:
-    raise UserError(f"env.shift_at_s={cfg.env.shift_at_s!r} and env.shift_sim_us={cfg.env.shift_sim_us!r} "
-                    "must be >= 0")
+  for name in ("shift_at_s", "shift_sim_us"):
+    _non_negative(f"env.{name}", cfg.env[name])
   if any(h <= 0 for h in cfg.policy.hidden):
     raise UserError(f"policy.hidden={tuple(cfg.policy.hidden)} must be positive layer sizes")
   try:
     check_env_name(cfg.env.name)
   except UnknownEnvError as e:
     raise UserError(str(e)) from None
+
+
+def _check_loss(a) -> None:
+  """The PPO loss terms: a zero or negative scale silently trains on a wrong objective."""
+  _positive("algorithm.reward_scale", a.reward_scale)
+  _positive("algorithm.clip_eps", a.clip_eps)
+  _non_negative("algorithm.value_clip_eps", a.value_clip_eps, " (0 = no value clipping)")
+  for name in ("vf_coef", "ent_coef"):
+    _non_negative(f"algorithm.{name}", a[name])
+
+
+def _check_run(cfg) -> None:
+  """Run-level values: the checkpointer keeps at least one, and every env seed stays an int32."""
+  _integer_at_least("keep_checkpoints", cfg.keep_checkpoints, 1, " (checkpoints kept on disk)")
+  if not isinstance(cfg.seed, int) or isinstance(cfg.seed, bool) or not 0 <= cfg.seed <= SEED_MAX:
+    raise UserError(f"seed={cfg.seed!r} must be an integer in [0, {SEED_MAX}] (EnvPool seeds are int32, and "
+                    "env groups and task pools add offsets to the seed)")
+
+
+def _check_env(cfg) -> None:
+  """Env construction values EnvPool would reject with a traceback, or stragglers that never end a step."""
+  e = cfg.env
+  _integer_at_least("env.render_size", e.render_size, MIN_RENDER_SIZE, " (pixels per image side)")
+  _integer_at_least("env.num_threads", e.num_threads, 0, " (0 = one per usable core)")
+  _integer_at_least("env.max_episode_steps", e.max_episode_steps, 0, " (0 = the task's own limit)")
+  if not _is_number(e.straggler_fraction) or not 0.0 <= e.straggler_fraction <= 1.0:
+    raise UserError(f"env.straggler_fraction={e.straggler_fraction!r} must be in [0, 1]")
+  if not _is_number(e.straggler_slowdown) or not 1.0 <= e.straggler_slowdown < math.inf:
+    raise UserError(f"env.straggler_slowdown={e.straggler_slowdown!r} must be a finite number >= 1")
+  _non_negative("env.straggler_step_ms", e.straggler_step_ms)
 
 
 def _check_grpo_and_warm_start(cfg, device: bool) -> None:
@@ -216,15 +270,3 @@ def _check_resources(cfg, device: bool) -> None:
       manual_layout(cfg, tuple(sorted(os.sched_getaffinity(0))))
     except ValueError as e:
       raise UserError(str(e)) from None
-
-
-def check_workdir(path: str) -> None:
-  """Creates workdir if needed and proves it is writable."""
-  try:
-    os.makedirs(path, exist_ok=True)
-    probe = os.path.join(path, ".write_probe")
-    with open(probe, "w") as f:
-      f.write("ok")
-    os.remove(probe)
-  except OSError as e:
-    raise UserError(f"workdir '{path}' is not writable ({e.strerror}); pass --workdir=<a writable directory>") from None

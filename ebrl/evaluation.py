@@ -3,10 +3,16 @@
 Each of n envs runs exactly one episode and its first episode is the one
 counted, so tasks with early terminations are not biased towards short
 episodes. Actions are sampled as in training and clipped to the env bounds.
+
+A policy acts only in envs built the way its run built them: pixels, the
+render stage and action chunks change the observations and actions it was
+trained on. `RunEnv.of_run` reads those options from the run's config, and the
+runners build their envs with them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -42,13 +48,59 @@ class FirstEpisodes:
             "episode_length": float(np.mean(self.length)), "success_rate": sr}
 
 
-def spec_of(name: str, max_episode_steps: int = 0) -> EnvSpec:
-  """The EnvSpec of `name` without simulating anything."""
+@dataclasses.dataclass(frozen=True)
+class RunEnv:
+  """The env options of a run that its policy's observations and actions depend on.
+
+  Defaults are the options of a plain state run, so a config.json written
+  before an option existed still describes its run.
+  """
+  max_episode_steps: int = 0
+  from_pixels: bool = False
+  render_size: int = 64
+  render_stage: bool = False
+  chunk_size: int = 1
+  reward_type: str = "chunk"
+  gamma: float = 0.99
+
+  @classmethod
+  def of_run(cls, cfg) -> "RunEnv":
+    """From a run's config (a ConfigDict read from its config.json)."""
+    d, env = cls(), cfg.get("env", {})
+    return cls(max_episode_steps=env.get("max_episode_steps", d.max_episode_steps),
+               from_pixels=env.get("from_pixels", d.from_pixels), render_size=env.get("render_size", d.render_size),
+               render_stage=env.get("render_stage", d.render_stage),
+               chunk_size=cfg.get("policy", {}).get("chunk_size", d.chunk_size),
+               reward_type=env.get("reward_type", d.reward_type),
+               gamma=cfg.get("algorithm", {}).get("gamma", d.gamma))
+
+  def adapter_kwargs(self) -> dict:
+    """sim_adapters.make_adapter's options for the run's own adapter. With reward_type="action" a
+    chunk's reward is discounted within the chunk, so episode_return is the one training logged."""
+    return dataclasses.asdict(self)
+
+  def host_only(self) -> list[str]:
+    """The options no device simulator has, as `key=value` of the run's config."""
+    on = {"env.from_pixels": self.from_pixels, "env.render_stage": self.render_stage,
+          "policy.chunk_size": self.chunk_size if self.chunk_size > 1 else None}
+    return [f"{k}={v}" for k, v in on.items() if v]
+
+
+def _check_device_can_run(name: str, run_env: RunEnv) -> None:
+  host_only = run_env.host_only()
+  if host_only:
+    raise UserError(f"the checkpoint was trained with {', '.join(host_only)}, which device env '{name}' does "
+                    "not have (it steps one action on state observations); evaluate on a host env")
+
+
+def spec_of(name: str, run_env: RunEnv = RunEnv()) -> EnvSpec:
+  """The EnvSpec of `name` built as `run_env` says, without simulating anything."""
   if is_device_env(name):
+    _check_device_can_run(name, run_env)
     from sim_adapters.mjx import make_device_sim
-    return make_device_sim(name, 1, max_episode_steps=max_episode_steps).spec
+    return make_device_sim(name, 1, max_episode_steps=run_env.max_episode_steps).spec
   from sim_adapters import make_adapter
-  adapter = make_adapter(name, 1, max_episode_steps=max_episode_steps)
+  adapter = make_adapter(name, 1, **run_env.adapter_kwargs())
   adapter.close()
   return adapter.spec
 
@@ -62,11 +114,15 @@ def check_same_observations(trained: EnvSpec, spec: EnvSpec) -> None:
 
 
 class HostRunner:
-  """One episode per env on an EnvPool adapter, stepped synchronously."""
+  """One episode per env on the run's own kind of EnvPool adapter, stepped synchronously.
 
-  def __init__(self, name: str, n: int, seed: int, max_episode_steps: int = 0):
+  With action chunks a step is one chunk per env, and episode_length counts
+  decisions, as training's metrics do.
+  """
+
+  def __init__(self, name: str, n: int, seed: int, run_env: RunEnv = RunEnv()):
     from sim_adapters import make_adapter
-    self.adapter = make_adapter(name, n, seed=seed, max_episode_steps=max_episode_steps)
+    self.adapter = make_adapter(name, n, seed=seed, **run_env.adapter_kwargs())
     self.spec, self.n, self.seed = self.adapter.spec, n, seed
 
   def run(self, policy, params) -> dict:
@@ -98,9 +154,10 @@ class HostRunner:
 class DeviceRunner:
   """One episode per env on a DeviceSim, in jitted chunks of steps."""
 
-  def __init__(self, name: str, n: int, seed: int, max_episode_steps: int = 0):
+  def __init__(self, name: str, n: int, seed: int, run_env: RunEnv = RunEnv()):
+    _check_device_can_run(name, run_env)
     from sim_adapters.mjx import make_device_sim
-    self.sim = make_device_sim(name, n, max_episode_steps=max_episode_steps)
+    self.sim = make_device_sim(name, n, max_episode_steps=run_env.max_episode_steps)
     self.spec, self.n, self.seed = self.sim.spec, n, seed
 
   def run(self, policy, params) -> dict:
@@ -128,9 +185,10 @@ class DeviceRunner:
     return first.summary(self.spec.has_success)
 
 
-def make_runner(name: str, n: int, seed: int, max_episode_steps: int = 0):
+def make_runner(name: str, n: int, seed: int, run_env: RunEnv = RunEnv()):
+  """A runner for `name` whose envs are built as the checkpoint's run built its own."""
   cls = DeviceRunner if is_device_env(name) else HostRunner
   try:
-    return cls(name, n, seed, max_episode_steps)
+    return cls(name, n, seed, run_env)
   except (ValueError, RuntimeError) as e:
     raise UserError(str(e)) from None

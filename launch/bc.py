@@ -74,6 +74,7 @@ def main(argv: list[str]) -> None:
 
   from ebrl import config as config_lib  # pylint: disable=g-import-not-at-top
   from ebrl import warm_start  # pylint: disable=g-import-not-at-top
+  from ebrl import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   from ebrl.errors import UserError  # pylint: disable=g-import-not-at-top
   from policies import IncompatibleObservationError, make_policy  # pylint: disable=g-import-not-at-top
 
@@ -85,7 +86,7 @@ def main(argv: list[str]) -> None:
   out = os.path.abspath(_OUT.value)
   if os.path.exists(os.path.join(out, warm_start.PARAMS_DIR)):
     raise UserError(f"--out='{_OUT.value}' already holds params; choose a new directory (they are never overwritten)")
-  config_lib.check_workdir(out)
+  workdir_lib.check_writable(out, flag="out")
   spec = env_spec(cfg)
   try:
     num = warm_start.check_demos(demos, spec)

@@ -16,13 +16,19 @@ second, every thread included: simulator, sampler, learner, XLA) and
 this scheduler's own work per step would reach with every usable core busy all
 the time: no schedule doing that work can beat it on this machine, so
 `work_conserving / e2e` bounds what overlapping stages can still gain.
-`ratios` compares schedulers as A_over_B for every pair that ran.
+`force_started` and `stale_dropped` (from the run's summary) count the
+generation batches started before they were full and the samples dropped as
+too stale. `ratios` compares schedulers as A_over_B for every pair that ran.
+
+Every flag is checked, and every output path proved writable, before the first
+scheduler runs: a bad value found later would cost the runs before it.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import platform
 import tempfile
@@ -45,6 +51,8 @@ _RESOURCES = flags.DEFINE_list(
     "resources", [], "Resource modes to run the ebrl scheduler under, each as its own entry "
     "'ebrl+<mode>' (e.g. naive,auto); empty = the config's resources only.")
 _TIMELINE = flags.DEFINE_string("timeline", None, "PNG with every scheduler's stage timeline (default: beside --out).")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Keep each scheduler's run outputs (summary.json, metrics.jsonl, "
+                               "trace.json) in <workdir>/<scheduler> (default: a temporary directory, removed).")
 _CONFIG = common.define_config(help_text="Base run config; --config.<key>=<value> overrides apply to every scheduler.")
 
 # Ratios worth reporting, as (numerator, denominator), when both ran.
@@ -141,49 +149,107 @@ def run_one(name: str, base_cfg, workdir: str) -> dict:
                            "predicted_env_steps_per_s": plan.predicted_env_steps_per_s,
                            "replans": trainer.resources.controller.replans if trainer.resources.controller else 0,
                            "bound": trainer.resources.bound}
-  trainer.finish()
+  summary = trainer.finish()
+  result["force_started"] = int(summary.get("force_started", 0))
+  result["stale_dropped"] = int(summary.get("stale_dropped", 0))
   result["_spans"] = trainer.tracer.spans()
   return result
 
 
-def main(argv: list[str]) -> None:
-  del argv
-  common.enable_compilation_cache()
-  from ebrl import config as config_lib
+def _check_window_flags() -> None:
+  """A window that never opens (--warmup_updates < 1) or never closes (--seconds nan or inf)
+  would run forever; --num_envs=0 would be taken for "the config's"."""
+  from ebrl.errors import UserError  # pylint: disable=g-import-not-at-top
+
+  seconds, warmup, num_envs = _SECONDS.value, _WARMUP.value, _NUM_ENVS.value
+  if not math.isfinite(seconds) or seconds <= 0:
+    raise UserError(f"--seconds={seconds} must be a finite number > 0 (timed seconds per scheduler)")
+  if warmup < 1:
+    raise UserError(f"--warmup_updates={warmup} must be an integer >= 1 (the window opens after that update)")
+  if num_envs is not None and num_envs <= 0:
+    raise UserError(f"--num_envs={num_envs} must be a positive integer (or left out for the config's)")
+  fraction, slowdown = _STRAGGLER_FRACTION.value, _STRAGGLER_SLOWDOWN.value
+  if not 0.0 <= fraction <= 1.0:
+    raise UserError(f"--straggler_fraction={fraction} must be in [0, 1]")
+  if not 1.0 <= slowdown < math.inf:
+    raise UserError(f"--straggler_slowdown={slowdown} must be a finite number >= 1")
+
+
+def _check_entry_flags() -> None:
+  """--schedulers and --resources name each entry once; results are keyed by entry."""
+  from ebrl import config as config_lib  # pylint: disable=g-import-not-at-top
   from ebrl.errors import UserError
 
-  base = common.config_value(_CONFIG)
-  base.env.name = _ENV.value
-  base.policy.name = _POLICY.value
-  if _NUM_ENVS.value:
-    base.num_envs = _NUM_ENVS.value
-  base.env.straggler_fraction = _STRAGGLER_FRACTION.value
-  base.env.straggler_slowdown = _STRAGGLER_SLOWDOWN.value
+  if not _SCHEDULERS.value:
+    raise UserError(f"--schedulers is empty; name at least one of {', '.join(config_lib.SCHEDULERS)}")
   for name in _SCHEDULERS.value:
     if name not in config_lib.SCHEDULERS:
       raise UserError(f"unknown scheduler '{name}'; valid: {', '.join(config_lib.SCHEDULERS)}")
   for mode in _RESOURCES.value:
     if mode not in config_lib.RESOURCE_MODES:
       raise UserError(f"unknown --resources mode '{mode}'; valid: {', '.join(config_lib.RESOURCE_MODES)}")
+  for flag, values in (("schedulers", _SCHEDULERS.value), ("resources", _RESOURCES.value)):
+    twice = sorted({v for v in values if values.count(v) > 1})
+    if twice:
+      raise UserError(f"--{flag} names {', '.join(twice)} more than once; each runs once")
   if _RESOURCES.value and "ebrl" not in _SCHEDULERS.value:
     raise UserError("--resources runs the ebrl scheduler under each mode; add ebrl to --schedulers")
-  entries = [e for name in _SCHEDULERS.value
-             for e in ([f"ebrl+{m}" for m in _RESOURCES.value] if name == "ebrl" and _RESOURCES.value else [name])]
-  if _SECONDS.value <= 0:
-    raise UserError(f"--seconds={_SECONDS.value} must be positive")
-  import jax  # pylint: disable=g-import-not-at-top
-  for name in entries:  # Every scheduler's config, before anything runs.
-    config_lib.validate(_entry_config(name, base), jax.local_device_count())
 
+
+def _timeline_path() -> str:
+  return _TIMELINE.value or os.path.splitext(_OUT.value)[0] + "_timeline.png"
+
+
+def _check_outputs(entries: list[str]) -> None:
+  """Results are written after every run; a path that cannot take them must fail first.
+
+  A kept run directory must be new: a run started in an earlier bench's directory
+  would checkpoint beside that run's checkpoints.
+  """
+  from ebrl import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from ebrl.errors import UserError
+
+  common.check_output_file("out", _OUT.value)
+  common.check_output_file("timeline", _timeline_path())
+  if _WORKDIR.value:
+    workdir_lib.check_writable(_WORKDIR.value)
+    used = [e for e in entries if os.path.exists(os.path.join(_WORKDIR.value, e))]
+    if used:
+      raise UserError(f"--workdir={_WORKDIR.value} already holds runs of {', '.join(used)}; "
+                      "pass --workdir=<a new directory>")
+
+
+def _base_config():
+  """The run config every scheduler starts from: the config file, then the bench's flags."""
+  base = common.config_value(_CONFIG)
+  base.env.name = _ENV.value
+  base.policy.name = _POLICY.value
+  if _NUM_ENVS.value is not None:
+    base.num_envs = _NUM_ENVS.value
+  base.env.straggler_fraction = _STRAGGLER_FRACTION.value
+  base.env.straggler_slowdown = _STRAGGLER_SLOWDOWN.value
+  return base
+
+
+def _entries() -> list[str]:
+  """Run order: each scheduler once; ebrl once per --resources mode when modes are given."""
+  return [e for name in _SCHEDULERS.value
+          for e in ([f"ebrl+{m}" for m in _RESOURCES.value] if name == "ebrl" and _RESOURCES.value else [name])]
+
+
+def _run_all(entries: list[str], base) -> dict:
+  """Each entry in turn, in <--workdir>/<entry> or a temporary directory removed afterwards."""
   results = {}
   with tempfile.TemporaryDirectory(prefix="ebrl-bench-") as tmp:
+    root = _WORKDIR.value or tmp
     for name in entries:
-      print(f"[bench] {name}: warm-up, then {_SECONDS.value:.0f} s timed", flush=True)
-      results[name] = run_one(name, base, os.path.join(tmp, name))
-  spans = {name: r.pop("_spans") for name, r in results.items()}
-  from ebrl.telemetry import plots  # pylint: disable=g-import-not-at-top
-  timeline_path = _TIMELINE.value or os.path.splitext(_OUT.value)[0] + "_timeline.png"
-  plots.timelines(spans, timeline_path)
+      print(f"[bench] {name}: warm-up, then {_SECONDS.value:g} s timed", flush=True)
+      results[name] = run_one(name, base, os.path.join(root, name))
+  return results
+
+
+def _report(results: dict, base) -> dict:
+  """bench.json: the results, the ratios between schedulers and the share of the bound each reached."""
   ratios = {_ratio_name(a, b): results[a]["e2e_env_steps_per_s"] / results[b]["e2e_env_steps_per_s"]
             for a, b in _RATIO_PAIRS if a in results and b in results}
   bound = next((r["resources"]["bound"] for r in results.values() if r.get("resources", {}).get("bound")), None)
@@ -191,31 +257,58 @@ def main(argv: list[str]) -> None:
   if bound:
     out_bound = {"env_steps_per_s": bound["env_steps_per_s"], "cpu_us_per_step": bound["cpu_us_per_step"],
                  "fraction": {n: r["e2e_env_steps_per_s"] / bound["env_steps_per_s"] for n, r in results.items()}}
-  out = {"env": _ENV.value, "policy": _POLICY.value, "num_envs": base.num_envs, "seconds": _SECONDS.value,
-         "stragglers": {"fraction": _STRAGGLER_FRACTION.value, "slowdown": _STRAGGLER_SLOWDOWN.value},
-         "machine": machine_info(), "results": results, "ratios": ratios, "bound": out_bound}
-  with open(_OUT.value, "w") as f:
-    json.dump(out, f, indent=2)
+  return {"env": _ENV.value, "policy": _POLICY.value, "num_envs": base.num_envs, "seconds": _SECONDS.value,
+          "stragglers": {"fraction": _STRAGGLER_FRACTION.value, "slowdown": _STRAGGLER_SLOWDOWN.value},
+          "machine": machine_info(), "results": results, "ratios": ratios, "bound": out_bound}
+
+
+def _print_table(out: dict) -> None:
+  """One row per scheduler; `forced` and `stale` are its force_started and stale_dropped counts."""
+  results = out["results"]
   stages = [s for s in ("sim", "render", "gen", "train") if any(s in r["stage_busy"] for r in results.values())]
   print(f"\n{'scheduler':<12}{'e2e steps/s':>14}{'rollout steps/s':>18}" + "".join(f"{s:>7}" for s in stages)
-        + f"{'cores':>7}{'us/step':>9}{'bound':>12}")
+        + f"{'cores':>7}{'us/step':>9}{'bound':>12}{'forced':>8}{'stale':>7}")
   for name, r in results.items():
     b = r["stage_busy"]
     print(f"{name:<12}{r['e2e_env_steps_per_s']:>14,.0f}{r['rollout_env_steps_per_s']:>18,.0f}"
           + "".join(f"{b.get(s, 0.0):>7.2f}" for s in stages)
           + f"{r['cpu_cores_used']:>7.2f}{r['cpu_us_per_env_step']:>9.1f}"
-          + f"{r['work_conserving_env_steps_per_s']:>12,.0f}")
+          + f"{r['work_conserving_env_steps_per_s']:>12,.0f}{r['force_started']:>8}{r['stale_dropped']:>7}")
   for name, r in results.items():
     if r.get("resources"):
       pred = r["resources"]["predicted_env_steps_per_s"]
       print(f"{name}: predicted {pred:,.0f} env steps/s, measured/predicted "
             f"{r['e2e_env_steps_per_s'] / pred:.3f}, re-plans {r['resources']['replans']}")
-  if out_bound:
-    print(f"work-conserving bound {out_bound['env_steps_per_s']:,.0f} env steps/s; fraction reached: "
-          + ", ".join(f"{n} {f:.3f}" for n, f in out_bound["fraction"].items()))
-  for k, v in ratios.items():
+  if out["bound"]:
+    print(f"work-conserving bound {out['bound']['env_steps_per_s']:,.0f} env steps/s; fraction reached: "
+          + ", ".join(f"{n} {f:.3f}" for n, f in out["bound"]["fraction"].items()))
+  for k, v in out["ratios"].items():
     print(f"{k} = {v:.3f}")
-  print(f"written {_OUT.value} and {timeline_path}")
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    common.fail(f"unexpected arguments {argv[1:]}; use --<flag>=<value> and --config.<key>=<value> flags")
+  _check_window_flags()
+  _check_entry_flags()
+  entries = _entries()
+  base = _base_config()
+  common.enable_compilation_cache()
+  from ebrl import config as config_lib  # pylint: disable=g-import-not-at-top
+  import jax
+  for name in entries:  # Every scheduler's config, before anything runs.
+    config_lib.validate(_entry_config(name, base), jax.local_device_count())
+  _check_outputs(entries)  # Last: it makes directories, which a bad flag should not leave behind.
+
+  results = _run_all(entries, base)
+  spans = {name: r.pop("_spans") for name, r in results.items()}
+  from ebrl.telemetry import plots  # pylint: disable=g-import-not-at-top
+  plots.timelines(spans, _timeline_path())
+  out = _report(results, base)
+  with open(_OUT.value, "w") as f:
+    json.dump(out, f, indent=2)
+  _print_table(out)
+  print(f"written {_OUT.value} and {_timeline_path()}")
 
 
 if __name__ == "__main__":

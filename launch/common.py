@@ -2,11 +2,14 @@
 
 absl's own flag parser prints usage and exits 1 on a bad flag; users of these
 launchers get a single line naming the bad value and exit code 2 instead, for
-flag errors and for every UserError raised while the run is set up.
+flag errors, config files that cannot be loaded, and every UserError raised
+while the run is set up. `check_output_file` proves an output path writable
+before the work whose results it will hold.
 """
 
 from __future__ import annotations
 
+import ast
 import os
 import sys
 from typing import Callable
@@ -14,6 +17,9 @@ from typing import Callable
 from absl import app, flags, logging
 
 from ebrl.errors import UserError
+
+DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "default.py")
+_CONFIG_FLAGS: list[str] = []  # Names of the config-file flags define_config made, checked before parsing.
 
 
 def fail(message: str) -> None:
@@ -36,7 +42,8 @@ def define_config(name: str = "config", default: str | None = None, help_text: s
   """
   from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
 
-  default = default or os.path.join(os.path.dirname(__file__), "configs", "default.py")
+  default = default or DEFAULT_CONFIG
+  _CONFIG_FLAGS.append(name)
   try:
     return config_flags.DEFINE_config_file(name, default, help_text)
   except (KeyError, AttributeError) as e:
@@ -55,14 +62,126 @@ def config_value(holder):
   return cfg
 
 
+def flag_values(argv: list[str], name: str) -> list[str]:
+  """Every value argv gives --name, as `--name=v` or `--name v` (absl keeps the last)."""
+  values = []
+  for i, arg in enumerate(argv[1:], start=1):
+    if arg == "--":
+      break
+    for dashes in ("--", "-"):
+      if arg.startswith(f"{dashes}{name}="):
+        values.append(arg[len(dashes) + len(name) + 1:])
+      elif arg == f"{dashes}{name}" and i + 1 < len(argv):
+        values.append(argv[i + 1])
+  return values
+
+
+def _binds(tree: ast.Module, name: str) -> bool:
+  """Whether a module could define `name` (a def, an assignment, an import, or a star import)."""
+  for node in ast.walk(tree):
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+      return True
+    if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and node.id == name:
+      return True
+    if isinstance(node, (ast.Import, ast.ImportFrom)) and any(
+        a.name == "*" or (a.asname or a.name.split(".")[-1]) == name for a in node.names):
+      return True
+  return False
+
+
+def check_config_file(flag: str, value: str) -> None:
+  """UserError unless `value` names a readable Python file that defines get_config().
+
+  config_flags loads the file while it applies the --<flag>.<key> overrides and
+  lets a missing file or a syntax error escape as a traceback; reading and
+  parsing it first (without running it) turns each into one line.
+  """
+  path = value.split(":", 1)[0]  # config_flags passes what follows a colon to get_config.
+  shown = f"--{flag}={value}"
+  hint = "give a Python config file with a get_config(), such as launch/configs/default.py"
+  if not path:
+    raise UserError(f"{shown} names no file; {hint}")
+  if not os.path.exists(path):
+    raise UserError(f"cannot load {shown}: no such file; {hint}")
+  if os.path.isdir(path):
+    raise UserError(f"cannot load {shown}: it is a directory; {hint}")
+  try:
+    with open(path, "rb") as f:
+      source = f.read()
+  except OSError as e:
+    raise UserError(f"cannot load {shown}: {(e.strerror or str(e)).lower()}") from None
+  try:
+    tree = ast.parse(source, path)
+  except SyntaxError as e:
+    raise UserError(f"{shown} is not a Python config file (SyntaxError at line {e.lineno}: {e.msg})") from None
+  except ValueError:  # Null bytes: a binary file.
+    raise UserError(f"{shown} is not a Python config file (binary content); {hint}") from None
+  if not _binds(tree, "get_config"):
+    raise UserError(f"{shown} defines no get_config(); a config file returns its ConfigDict from get_config()")
+
+
+def _last_line(text: str) -> str:
+  lines = [l.strip() for l in text.splitlines() if l.strip()]
+  return lines[-1] if lines else ""
+
+
+def _config_load_error(argv: list[str], e: Exception) -> str:
+  """One line for an error raised while a config file ran (its imports, its get_config)."""
+  given = [f"--{n}={v[-1]}" for n in _CONFIG_FLAGS if (v := flag_values(argv, n))]
+  source = given[0] if given else "the config file"
+  text = str(e)
+  if isinstance(e, OSError):
+    text = next((l.strip() for l in text.splitlines() if "Errno" in l), _last_line(text))
+  elif "Error whilst parsing config file" in text:  # config_flags wraps the trace into the message.
+    text = _last_line(text)
+  else:
+    text = f"{type(e).__name__}: {_one_line(e)}"
+  return f"cannot load {source}: {text}"
+
+
+def _check_config_files(argv: list[str]) -> None:
+  """The file each config flag names (its last value, as absl takes), before absl loads it."""
+  for name in _CONFIG_FLAGS:
+    given = flag_values(argv, name)
+    if given:
+      check_config_file(name, given[-1])
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
+  try:
+    _check_config_files(argv)
+  except UserError as e:
+    fail(str(e))
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:
     fail(str(e).splitlines()[0])
   except (KeyError, AttributeError, ValueError, TypeError) as e:  # Raised by config overrides.
-    fail(_one_line(e))
+    text = str(e)
+    fail(_config_load_error(argv, e) if "Error whilst parsing config file" in text else _one_line(e))
+  except Exception as e:  # pylint: disable=broad-except  # Raised by the config file's own code.
+    fail(_config_load_error(argv, e))
   return []
+
+
+def check_output_file(flag: str, path: str) -> None:
+  """UserError unless `path` can be written: its directory is made and a probe written.
+
+  Results are written after minutes of benchmarking; an unwritable path found
+  only then loses them. An existing file is opened for appending, which leaves
+  its content alone; a new one is created and removed again.
+  """
+  try:
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    existed = os.path.exists(path)
+    with open(path, "a"):
+      pass
+    if not existed:
+      os.remove(path)
+  except OSError as e:
+    raise UserError(f"--{flag}='{path}' is not writable ({e.strerror or e}); "
+                    f"pass --{flag}=<a file path in a writable directory>") from None
 
 
 def enable_compilation_cache() -> None:

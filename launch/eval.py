@@ -3,8 +3,9 @@
   python -m launch.eval --checkpoint=runs/panda --env=PandaPickCube-v1 --episodes=64
   python -m launch.eval --checkpoint=runs/panda --env=mjx:PandaPickCube
 
---checkpoint is a run's workdir (its config.json names the policy; the newest
-readable checkpoint is loaded). --env defaults to the env it was trained on
+--checkpoint is a run's workdir (its config.json names the policy and how the
+run built its envs: pixels, render stage, action chunks; the eval envs are
+built the same way; the newest readable checkpoint is loaded). --env defaults to the env it was trained on
 and may name the same task on the other backend (their observations and
 actions correspond; see README, "Device simulators"). Every one of
 `--episodes` envs runs exactly one episode with the policy sampling as in
@@ -60,17 +61,35 @@ def _restore(workdir: str, cfg, policy):
   return restored
 
 
-def main(argv: list[str]) -> None:
-  if len(argv) > 1:
-    common.fail(f"unexpected arguments {argv[1:]}")
+def _check_flags() -> None:
+  """The flags, before the run is read or any env built."""
+  from ebrl.config import SEED_MAX  # pylint: disable=g-import-not-at-top
+
   if not _CHECKPOINT.value:
     common.fail("--checkpoint=<run workdir> is required")
   if _EPISODES.value <= 0:
-    common.fail(f"--episodes={_EPISODES.value} must be positive")
+    common.fail(f"--episodes={_EPISODES.value} must be a positive integer (one episode per env)")
+  if not 0 <= _SEED.value <= SEED_MAX:
+    common.fail(f"--seed={_SEED.value} must be an integer in [0, {SEED_MAX}] (EnvPool takes int32 seeds)")
+
+
+def _make_policy(cfg, spec):
+  from ebrl.errors import UserError  # pylint: disable=g-import-not-at-top
+  from policies import IncompatibleObservationError, make_policy
+
+  try:
+    return make_policy(cfg.policy.name, spec, cfg.policy)
+  except (IncompatibleObservationError, ValueError) as e:
+    raise UserError(f"--checkpoint={_CHECKPOINT.value}: {e}") from None
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    common.fail(f"unexpected arguments {argv[1:]}")
+  _check_flags()
   common.enable_compilation_cache()
   from ebrl.errors import UserError
   from ebrl import evaluation
-  from policies import IncompatibleObservationError, make_policy
   from sim_adapters import UnknownEnvError, check_env_name
 
   workdir = os.path.abspath(_CHECKPOINT.value)
@@ -80,13 +99,13 @@ def main(argv: list[str]) -> None:
     check_env_name(env_name)
   except UnknownEnvError as e:
     raise UserError(str(e)) from None
-  runner = evaluation.make_runner(env_name, _EPISODES.value, _SEED.value, cfg.env.max_episode_steps)
-  train_spec = evaluation.spec_of(cfg.env.name) if env_name != cfg.env.name else runner.spec
+  if _OUT.value:  # Before the episodes run: an unwritable --out would lose them.
+    common.check_output_file("out", _OUT.value)
+  run_env = evaluation.RunEnv.of_run(cfg)
+  runner = evaluation.make_runner(env_name, _EPISODES.value, _SEED.value, run_env)
+  train_spec = evaluation.spec_of(cfg.env.name, run_env) if env_name != cfg.env.name else runner.spec
   evaluation.check_same_observations(train_spec, runner.spec)
-  try:
-    policy = make_policy(cfg.policy.name, runner.spec, cfg.policy)
-  except IncompatibleObservationError as e:
-    raise UserError(str(e)) from None
+  policy = _make_policy(cfg, runner.spec)
   state, meta = _restore(workdir, cfg, policy)
   result = {"env": env_name, "trained_on": cfg.env.name, **runner.run(policy, state.params),
             "checkpoint_env_steps": int(meta["env_steps"])}

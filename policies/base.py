@@ -93,10 +93,24 @@ def check_instructions(policy_name: str, spec: EnvSpec, instructions) -> None:
         f"({'task one-hot' if 'task' in spec.obs else 'no task key'})")
 
 
+# How a run gets an observation key it lacks: the config flags that add it.
+_HOW_TO_GET = {
+    "pixels": "add --config.env.from_pixels=True (with --config.env.render_stage=True to keep the state)",
+    "state": "add --config.env.render_stage=True to draw the pixels beside the state "
+             "(env.from_pixels=True alone gives pixels only)",
+}
+
+
 def check_compatible(policy_name: str, needs: tuple[str, ...], spec: EnvSpec) -> None:
-  """Raises IncompatibleObservationError when the env lacks a key the policy reads."""
+  """Raises IncompatibleObservationError when the env lacks a key the policy reads.
+
+  The message names the flags that give the missing key, so a user need not
+  know which env options produce which observations.
+  """
   missing = [k for k in needs if k not in spec.obs]
   if missing:
     gives = ", ".join(f"{k} {tuple(v.shape)} {v.dtype}" for k, v in spec.obs.items())
+    hints = "; ".join(_HOW_TO_GET[k] for k in missing if k in _HOW_TO_GET)
     raise IncompatibleObservationError(
-        f"policy '{policy_name}' needs observation key(s) {missing} but env '{spec.name}' gives {gives}")
+        f"policy '{policy_name}' needs observation key(s) {missing} but env '{spec.name}' gives {gives}"
+        + (f"; {hints}" if hints else ""))

@@ -21,7 +21,8 @@ CASES = {
     "non_divisible_minibatches": (["--config.algorithm.num_minibatches=3"], "num_minibatches=3"),
     "unknown_correction": (["--config.algorithm.correction=retrace"], "valid: decoupled_ppo, vtrace"),
     "mt10_too_few_envs": (["--config.env.name=MetaWorld/MT10", "--config.num_envs=8"], "at least 10"),
-    "policy_cannot_read_obs": (["--config.env.from_pixels=True"], "policy 'mlp' needs observation key(s) ['state']"),
+    "policy_cannot_read_obs": (["--config.env.from_pixels=True"],
+                               ("policy 'mlp' needs observation key(s) ['state']", "--config.env.render_stage=True")),
     "pipelined_on_device_env": (["--config.env.name=mjx:CartpoleBalance", "--config.scheduler=pipelined"],
                                 "scheduler 'pipelined' cannot drive device env 'mjx:CartpoleBalance'; "
                                 "valid: sync, ebrl, random"),
@@ -30,6 +31,28 @@ CASES = {
     "discrete_action_env": (["--config.env.name=Pong-v5"], "continuous"),
     "unwritable_workdir": (["--workdir=/proc/ebrl-run"], "/proc/ebrl-run"),
     "missing_config_file": (["--config=launch/configs/nope.py"], "nope.py"),
+    # config_flags loads the file while it applies overrides: the file is checked before that.
+    "missing_config_file_with_override": (["--config=missing.py", "--config.num_envs=8"],
+                                          "cannot load --config=missing.py: no such file"),
+    "config_file_not_python": (["--config=README.md"],
+                               "--config=README.md is not a Python config file (SyntaxError at line "),
+    "config_file_is_a_directory": (["--config=launch/configs", "--config.num_envs=8"], "it is a directory"),
+    "config_file_without_get_config": (["--config=launch/__init__.py"], "defines no get_config()"),
+    "keep_no_checkpoints": (["--config.keep_checkpoints=0"], "keep_checkpoints=0 must be an integer >= 1"),
+    "zero_reward_scale": (["--config.algorithm.reward_scale=0"], "algorithm.reward_scale=0.0 must be a positive"),
+    "infinite_reward_scale": (["--config.algorithm.reward_scale=inf"], "algorithm.reward_scale=inf must be a positive"),
+    "negative_clip_eps": (["--config.algorithm.clip_eps=-0.2"], "algorithm.clip_eps=-0.2 must be a positive"),
+    "negative_value_clip_eps": (["--config.algorithm.value_clip_eps=-1"], "algorithm.value_clip_eps=-1.0 must be"),
+    "negative_vf_coef": (["--config.algorithm.vf_coef=-0.5"], "algorithm.vf_coef=-0.5 must be a finite number >= 0"),
+    "negative_ent_coef": (["--config.algorithm.ent_coef=-0.01"], "algorithm.ent_coef=-0.01 must be a finite"),
+    "nan_ent_coef": (["--config.algorithm.ent_coef=nan"], "algorithm.ent_coef=nan must be a finite"),
+    "nan_learning_rate": (["--config.algorithm.learning_rate=nan"], "algorithm.learning_rate=nan must be a positive"),
+    "nan_max_wait": (["--config.scheduler=ebrl", "--config.ebrl.max_wait_ms=nan"], "ebrl.max_wait_ms=nan must be"),
+    "tiny_render_size": (["--config.env.render_size=4"], "env.render_size=4 must be an integer >= 8"),
+    "negative_env_threads": (["--config.env.num_threads=-1"], "env.num_threads=-1 must be an integer >= 0"),
+    "negative_seed": (["--config.seed=-1"], "seed=-1 must be an integer in [0, "),
+    "seed_beyond_int32": ([f"--config.seed={2**31}"], f"seed={2**31} must be an integer in [0, "),
+    "nan_straggler_slowdown": (["--config.env.straggler_slowdown=nan"], "env.straggler_slowdown=nan must be"),
     "positional_argument": (["train-now"], "unexpected arguments"),
     "unknown_resources": (["--config.scheduler=ebrl", "--config.resources=greedy"], "valid: off, auto, naive, manual"),
     "resources_for_sync": (["--config.resources=naive"], "scheduler=sync"),
@@ -57,7 +80,9 @@ CASES = {
                                      "policy.width=30 must be a multiple of policy.heads=4"),
     "flow_noise_out_of_range": (["--config.policy.name=flow", "--config.policy.flow_init_log_std=1.0"],
                                 "flow_init_log_std=1.0 must be in (-4, 0)"),
-    "cnn_without_pixels": (["--config.policy.name=cnn"], "policy 'cnn' needs observation key(s) ['pixels']"),
+    "cnn_without_pixels": (["--config.policy.name=cnn"],
+                           ("policy 'cnn' needs observation key(s) ['pixels']", "--config.env.from_pixels=True",
+                            "--config.env.render_stage=True")),
     "grpo_on_async_scheduler": (["--config.algorithm.name=grpo", "--config.scheduler=ebrl"], "scheduler=sync"),
     "grpo_group_not_dividing": (["--config.algorithm.name=grpo", "--config.algorithm.group_size=5"],
                                 "group_size=5 must divide num_envs=32"),
@@ -70,6 +95,7 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_bad_input_is_one_line_exit_2(case, tmp_path):
   args, expected = CASES[case]
+  expected = (expected,) if isinstance(expected, str) else expected
   if not any(a.startswith("--workdir") for a in args):
     args = args + [f"--workdir={tmp_path / 'run'}"]
   env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
@@ -79,7 +105,8 @@ def test_bad_input_is_one_line_exit_2(case, tmp_path):
   lines = [l for l in proc.stderr.splitlines() if l.strip()]
   assert len(lines) == 1, proc.stderr
   assert lines[0].startswith("error: ")
-  assert expected in lines[0]
+  for text in expected:
+    assert text in lines[0], lines[0]
   assert "Traceback" not in proc.stderr + proc.stdout
   # Nothing was trained: no checkpoint was written.
   assert not (tmp_path / "run" / "checkpoints").exists()

@@ -1,0 +1,87 @@
+"""launch.eval rebuilds the run's own adapter: pixels, the render stage and action chunks.
+
+A plain adapter gives a pixel policy no pixels and a chunk policy one action
+per decision; the checkpoint then cannot act or even restore. Each run here is
+tiny (4 envs, 10-step episodes, two updates): what is checked is that eval
+acts in the env the run trained in, not how well.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import ml_collections
+import pytest
+
+from ebrl import evaluation
+from ebrl.errors import UserError
+from launch.configs.default import get_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
+EPISODE_STEPS = 10
+TINY = ["--progress=false", "--config.num_envs=4", "--config.rollout_length=8", "--config.total_env_steps=64",
+        "--config.policy.hidden=(16,16)", "--config.algorithm.epochs=1", "--config.algorithm.num_minibatches=1",
+        f"--config.env.max_episode_steps={EPISODE_STEPS}"]
+
+
+def _train(workdir, *args) -> None:
+  proc = subprocess.run([sys.executable, "-m", "launch.train", *TINY, *args, f"--workdir={workdir}"], cwd=ROOT,
+                        env=ENV, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def _eval(workdir, *args) -> dict:
+  out = workdir / "eval.json"
+  proc = subprocess.run([sys.executable, "-m", "launch.eval", f"--checkpoint={workdir}", "--episodes=3",
+                         f"--out={out}", *args], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  printed = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert printed == json.loads(out.read_text())
+  return printed
+
+
+def test_eval_of_a_chunked_flow_run(tmp_path):
+  _train(tmp_path, "--config.policy.name=flow", "--config.policy.chunk_size=2", "--config.env.reward_type=action")
+  result = _eval(tmp_path)
+  assert result["env"] == result["trained_on"] == "MetaWorld/Reach-v3"
+  assert result["episodes"] == 3 and result["checkpoint_env_steps"] == 64
+  # A step is a chunk of two actions: a 10-action episode is 5 decisions.
+  assert result["episode_length"] == EPISODE_STEPS / 2
+
+
+@pytest.mark.egl
+def test_eval_of_a_render_stage_cnn_run(tmp_path):
+  _train(tmp_path, "--config.policy.name=cnn", "--config.env.from_pixels=True", "--config.env.render_stage=True",
+         "--config.env.render_size=32")
+  result = _eval(tmp_path)
+  assert result["episodes"] == 3 and result["episode_length"] == EPISODE_STEPS
+  assert result["checkpoint_env_steps"] == 64
+
+
+def test_run_env_reads_the_run_config():
+  cfg = get_config()
+  cfg.env.from_pixels, cfg.env.render_stage, cfg.env.render_size = True, True, 48
+  cfg.policy.chunk_size, cfg.env.reward_type, cfg.algorithm.gamma = 4, "action", 0.9
+  cfg.env.max_episode_steps = 77
+  saved = ml_collections.ConfigDict(json.loads(cfg.to_json()))  # As launch.eval reads config.json.
+  assert evaluation.RunEnv.of_run(saved).adapter_kwargs() == dict(
+      max_episode_steps=77, from_pixels=True, render_size=48, render_stage=True, chunk_size=4,
+      reward_type="action", gamma=0.9)
+
+
+def test_run_env_of_an_older_config_is_a_plain_state_run():
+  old = ml_collections.ConfigDict({"env": {"name": "MetaWorld/Reach-v3"}, "policy": {"name": "mlp"}})
+  assert evaluation.RunEnv.of_run(old) == evaluation.RunEnv()
+
+
+@pytest.mark.parametrize("run_env, named", [
+    (evaluation.RunEnv(chunk_size=2), "policy.chunk_size=2"),
+    (evaluation.RunEnv(from_pixels=True), "env.from_pixels=True"),
+])
+def test_device_envs_refuse_host_only_runs(run_env, named):
+  with pytest.raises(UserError, match=named):
+    evaluation.make_runner("mjx:CartpoleBalance", 2, 0, run_env)

@@ -1,11 +1,18 @@
-"""Shared test setup: JAX's persistent compilation cache and small shared fixtures.
+"""Shared test setup: JAX's persistent compilation cache, the `egl` marker, small fixtures.
 
 Compiles dominate test time on CPU, so every test process reuses compiled
 executables from .jax_cache/ (ignored by git) across runs.
+
+Pixel tests carry `@pytest.mark.egl`: on a machine without libEGL they are
+skipped, so the suite still runs there. CI sets EBRL_REQUIRE_EGL=1, under which
+they run regardless: a CI image that lost libEGL then fails them instead of
+quietly skipping every pixel test.
 """
 
 from __future__ import annotations
 
+import ctypes.util
+import functools
 import os
 import sys
 
@@ -24,8 +31,39 @@ jax.config.update("jax_compilation_cache_dir", CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)
 
 
+REQUIRE_EGL = "EBRL_REQUIRE_EGL"
+
+
+@functools.cache
+def _has_library(name: str) -> bool:
+  return bool(ctypes.util.find_library(name))
+
+
+def egl_skip_reason(alternatives: tuple[str, ...] = ()) -> str | None:
+  """Why an `egl` test is skipped here, or None when it runs.
+
+  It runs when libEGL (or one of the `alternatives`, e.g. "OSMesa") is found,
+  and always when EBRL_REQUIRE_EGL=1.
+  """
+  libraries = ("EGL",) + tuple(alternatives)
+  if os.environ.get(REQUIRE_EGL) == "1" or any(_has_library(name) for name in libraries):
+    return None
+  names = " or ".join(f"lib{name}" for name in libraries)
+  return f"no {names} on this machine (apt install libegl1 libgl1-mesa-dri; {REQUIRE_EGL}=1 runs it anyway)"
+
+
 def pytest_configure(config):
   config.addinivalue_line("markers", "slow: takes more than ~20 s; run with -m slow")
+  config.addinivalue_line("markers", "egl(*alternatives): renders through libEGL (or an alternative library such as "
+                          "'OSMesa'); skipped without it unless EBRL_REQUIRE_EGL=1")
+
+
+def pytest_collection_modifyitems(config, items):
+  del config
+  for item in items:
+    marker = item.get_closest_marker("egl")
+    if marker is not None and (reason := egl_skip_reason(marker.args)):
+      item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes.util
 import dataclasses
 
 import jax
@@ -183,7 +182,7 @@ def test_flat_pixels_are_rejected():
     CNNPolicy(make_spec(pixels=(64 * 64 * 3,)))
 
 
-@pytest.mark.skipif(not ctypes.util.find_library("EGL"), reason="no libEGL on this machine (apt install libegl1)")
+@pytest.mark.egl
 def test_reads_envpool_pixels(make, tmp_path, monkeypatch):
   monkeypatch.setenv("EBRL_CACHE_DIR", str(tmp_path))
   adapter = make("MetaWorld/Reach-v3", 2, from_pixels=True, render_size=64)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes.util
 import os
 
 import pytest
@@ -41,7 +40,7 @@ def test_a_failed_calibration_says_so(tmp_path, monkeypatch):
     profiler.load_or_measure(cfg, take_inventory(), log=lambda s: None, seconds=0.05)
 
 
-@pytest.mark.skipif(not ctypes.util.find_library("EGL"), reason="no libEGL on this machine (apt install libegl1)")
+@pytest.mark.egl
 def test_render_stage_is_profiled_as_its_own_stage():
   """Draws are timed per call and grow with the frames; the simulator under a render stage is
   timed as the state pool it is, without the frames."""

@@ -7,7 +7,6 @@ import-order checks run in subprocesses.
 
 from __future__ import annotations
 
-import ctypes.util
 import os
 import subprocess
 import sys
@@ -20,8 +19,7 @@ from sim_adapters.envpool_adapter import gather_all
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REACH = "MetaWorld/Reach-v3"
-HAS_GL = bool(ctypes.util.find_library("EGL") or ctypes.util.find_library("OSMesa"))
-needs_gl = pytest.mark.skipif(not HAS_GL, reason="no libEGL or libOSMesa on this machine (apt install libegl1)")
+needs_gl = pytest.mark.egl("OSMesa")  # EGL or OSMesa: ensure_gl falls back to OSMesa.
 
 
 @pytest.fixture(autouse=True)
@@ -50,7 +48,7 @@ def test_ensure_gl_is_idempotent():
   assert len(render._gl_handles) == loaded  # pylint: disable=protected-access
 
 
-@pytest.mark.skipif(not ctypes.util.find_library("EGL"), reason="no libEGL on this machine (apt install libegl1)")
+@pytest.mark.egl
 def test_onscreen_mujoco_gl_falls_back_to_egl(monkeypatch):
   monkeypatch.setattr(render, "_gl_backend", None)
   monkeypatch.setenv("MUJOCO_GL", "glfw")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes.util
 import os
 
 import numpy as np
@@ -13,8 +12,7 @@ from ebrl.telemetry.stages import StageClock
 from ebrl.telemetry.trace import Tracer
 from sim_adapters.envpool_adapter import gather_all
 
-pytestmark = pytest.mark.skipif(not ctypes.util.find_library("EGL"),
-                                reason="no libEGL on this machine (apt install libegl1)")
+pytestmark = pytest.mark.egl
 
 
 def _run(make, steps=3, clock=None):

@@ -85,7 +85,9 @@ class MultiTaskAdapter:
     self._outstanding = np.zeros(num_tasks, np.int64)  # Envs sent to pool k and not yet received.
     self._next = 0
     # Async mode: receiver threads, started by the first reset.
-    self._cond = threading.Condition()
+    self._cond = threading.Condition()  # Guards the counts and the ready queue.
+    # One wake-up per pool, sharing that lock: a send wakes only the receivers of the pools it sent to.
+    self._pool_ready = [threading.Condition(self._cond) for _ in self._subs]
     self._ready: queue.Queue = queue.Queue()
     self._receivers: list[threading.Thread] = []
     self._closed = False
@@ -105,7 +107,7 @@ class MultiTaskAdapter:
       for k, sub in enumerate(self._subs):
         sub.reset()
         self._outstanding[k] = sub.num_envs
-      self._cond.notify_all()
+        self._pool_ready[k].notify()
     if self.is_async and not self._receivers:
       self._receivers = [threading.Thread(target=self._receive, args=(k,), name=f"mt10-recv{k}", daemon=True)
                          for k in range(len(self._subs))]
@@ -120,16 +122,16 @@ class MultiTaskAdapter:
         rows = task == k
         self._subs[k].send(actions[rows], env_ids[rows] - self.offsets[k])
         self._outstanding[k] += int(rows.sum())
-      self._cond.notify_all()
+        self._pool_ready[k].notify()
 
   def _receive(self, k: int) -> None:
-    """Receiver thread of pool k (async mode): waits for a whole batch in flight, then for its results."""
+    """Receiver thread of pool k (async mode): waits for envs in flight, then for their results."""
     sub = self._subs[k]
     try:
       while True:
         with self._cond:
-          while self._outstanding[k] < sub.batch_size and not self._closed:
-            self._cond.wait()
+          while self._outstanding[k] == 0 and not self._closed:
+            self._pool_ready[k].wait()
           if self._closed:
             return
         b = self._label(k, sub.recv())
@@ -142,7 +144,7 @@ class MultiTaskAdapter:
           self._error = RuntimeError(f"MetaWorld/MT10 receiver of task {list(MT10_TASKS)[k]} failed: "
                                      f"{type(e).__name__}: {e}")
           self._error.__cause__ = e
-        self._cond.notify_all()
+
 
   def can_recv(self) -> bool:
     """Whether `recv` can return without more sends (async: some pool has a full batch in flight)."""
@@ -191,8 +193,13 @@ class MultiTaskAdapter:
   def close(self) -> None:
     with self._cond:
       self._closed = True
-      self._cond.notify_all()
-    # A receiver inside a pool's recv has a whole batch in flight: it returns within a step.
+      for k, sub in enumerate(self._subs):
+        self._pool_ready[k].notify()
+        if self.is_async and 0 < self._outstanding[k] < sub.batch_size:
+          # Its receiver waits in recv for envs a scheduler never sent again: step them once.
+          idle = sub.idle_env_ids()
+          sub.send(np.zeros((len(idle), self.spec.action_dim), np.float32), idle)
+    # Every receiver's recv now has a whole batch in flight: it returns within a step.
     deadline = time.monotonic() + _CLOSE_S
     for th in self._receivers:
       th.join(timeout=max(0.0, deadline - time.monotonic()))

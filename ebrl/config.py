@@ -170,6 +170,8 @@ def _check_loss(a) -> None:
   _non_negative("algorithm.value_clip_eps", a.value_clip_eps, " (0 = no value clipping)")
   for name in ("vf_coef", "ent_coef"):
     _non_negative(f"algorithm.{name}", a[name])
+  _non_negative("algorithm.target_kl", a.target_kl, " (0 = no KL early stopping)")
+  _positive("algorithm.value_norm_count", a.value_norm_count)
 
 
 def _check_run(cfg) -> None:

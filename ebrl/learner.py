@@ -29,9 +29,10 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from ebrl import normalizer
 from ebrl.algorithms.gae import gae
 from ebrl.algorithms.grpo import group_relative_advantages
-from ebrl.algorithms.ppo import PPOConfig, ppo_loss
+from ebrl.algorithms.ppo import PPOConfig, masked_mean, ppo_loss
 from ebrl.algorithms.vtrace import vtrace
 from ebrl.trajectory_queue import fresh_mask
 from ebrl.types import Rollout, SegmentBatch, TrainState
@@ -48,7 +49,16 @@ class LearnerConfig:
   lr_schedule: str = "constant"  # or "linear" (to 0 over total_updates)
   total_updates: int = 1
   max_grad_norm: float = 0.5
+  # KL early stopping: an update's remaining minibatch steps are skipped once one minibatch
+  # measures approx KL (against the policy the update started from) above 1.5 * target_kl, as
+  # Stable-Baselines3 does; 0 = every epoch runs.
+  target_kl: float = 0.0
   reward_scale: float = 1.0
+  # Value normalisation: the critic predicts returns standardised by running statistics of the
+  # value targets (TrainState.value_norm), whose history weighs as at most value_norm_count
+  # samples so they follow the returns as the policy improves. Off: the identity.
+  value_norm: bool = False
+  value_norm_count: float = 100_000.0
   max_staleness: int = 0  # Off-policy batches: samples older than this many versions are masked.
   # Off-policy correction of segment batches: "decoupled_ppo" (AReaL) or "vtrace" (IMPALA
   # targets and advantages, PPO ratio against the behaviour policy, as APPO).
@@ -63,22 +73,31 @@ class LearnerConfig:
 
 
 def learning_rate_schedule(cfg: LearnerConfig) -> optax.Schedule:
-  """The rate of every Adam step; "linear" decays to 0 over the run's total_updates updates."""
+  """The rate of update u (the policy version it starts from), the same for every Adam step of
+  that update: "linear" decays to 0 over the run's total_updates updates, so the last update has
+  learning_rate / total_updates. Counting updates, not Adam steps, keeps the schedule true when
+  KL early stopping skips some of an update's steps."""
   if cfg.lr_schedule == "linear":
-    return optax.linear_schedule(cfg.learning_rate, 0.0, max(1, cfg.total_updates * cfg.epochs * cfg.num_minibatches))
+    return optax.linear_schedule(cfg.learning_rate, 0.0, max(1, cfg.total_updates))
   return optax.constant_schedule(cfg.learning_rate)
 
 
 def make_optimizer(cfg: LearnerConfig) -> optax.GradientTransformation:
-  # inject_hyperparams keeps the rate of the latest step in the optimiser state, where the
-  # metrics read it (`learning_rate`).
-  adam = optax.inject_hyperparams(optax.adam)(learning_rate=learning_rate_schedule(cfg), eps=1e-5)
+  # inject_hyperparams keeps the rate in the optimiser state, where each update sets it from the
+  # schedule and the metrics read it (`learning_rate`).
+  adam = optax.inject_hyperparams(optax.adam)(learning_rate=cfg.learning_rate, eps=1e-5)
   return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), adam)
 
 
 def learning_rate(opt_state) -> jax.Array:
-  """The rate the latest Adam step used (the optimiser's state from `make_optimizer`)."""
+  """The rate of the latest update (the optimiser's state from `make_optimizer`)."""
   return opt_state[1].hyperparams["learning_rate"]
+
+
+def with_learning_rate(opt_state, rate: jax.Array):
+  """The optimiser state with the rate every step of the next update uses."""
+  hyper = {**opt_state[1].hyperparams, "learning_rate": jnp.asarray(rate, jnp.float32)}
+  return (opt_state[0], opt_state[1]._replace(hyperparams=hyper)) + tuple(opt_state[2:])
 
 
 def make_mesh(devices=None) -> Mesh:
@@ -90,7 +109,8 @@ def init_train_state(policy: Policy, cfg: LearnerConfig, key: jax.Array) -> Trai
   init_key, key = jax.random.split(key)
   params = policy.init(init_key)
   return TrainState(params=params, opt_state=make_optimizer(cfg).init(params["net"]), key=key,
-                    version=jnp.zeros((), jnp.int32), skipped_updates=jnp.zeros((), jnp.int32))
+                    version=jnp.zeros((), jnp.int32), skipped_updates=jnp.zeros((), jnp.int32),
+                    value_norm=normalizer.init_stats(1))
 
 
 def rollout_sharding(mesh: Mesh, rollout: Rollout) -> Rollout:
@@ -136,12 +156,13 @@ class Learner:
     actions = jnp.concatenate([sb.actions, jnp.zeros_like(sb.actions[:1])])
     prox_logp, _, values = self.policy.evaluate(state.params, sb.obs, actions)
     prox_logp, values = jax.lax.stop_gradient(prox_logp[:horizon]), jax.lax.stop_gradient(values)
+    values_raw = normalizer.unstandardize(state.value_norm, values)  # Targets are in return units.
     fresh = fresh_mask(state.version, sb.version, self.cfg.max_staleness)
     valid = sb.valid & fresh
     obs = jax.tree.map(lambda x: x[:horizon], sb.obs)
     if self.cfg.correction == "vtrace":
       cfg = self.cfg
-      targets = vtrace(sb.rewards * cfg.reward_scale, values, sb.terminated, _cut(sb.done, valid),
+      targets = vtrace(sb.rewards * cfg.reward_scale, values_raw, sb.terminated, _cut(sb.done, valid),
                        prox_logp - sb.logp, _gamma(cfg, sb), cfg.gae_lambda, cfg.vtrace_rho_clip,
                        cfg.vtrace_c_clip)
       ro = Rollout(obs=obs, actions=sb.actions, logp=sb.logp, values=values, rewards=sb.rewards,
@@ -162,27 +183,33 @@ class Learner:
                  targets: tuple[jax.Array, jax.Array] | None = None) -> tuple[TrainState, dict]:
     cfg, policy = self.cfg, self.policy
     ppo_cfg = cfg.ppo
+    # ro.values are the critic's outputs, in value-normalised units; advantages and targets are
+    # computed in return units and the targets standardised again for the value loss.
+    values = normalizer.unstandardize(state.value_norm, ro.values)
     if targets is None and cfg.algorithm == "grpo":
       # Critic-free: the group mean is the baseline and the advantages are already normalised
       # per group; the value head gets no loss (its targets are its own old predictions).
       adv = group_relative_advantages(ro.rewards * cfg.reward_scale, _cut(ro.done, ro.valid), ro.valid,
                                       cfg.group_size, _gamma(cfg, ro))
-      returns = ro.values[:-1]
+      returns = values[:-1]
       ppo_cfg = dataclasses.replace(cfg.ppo, vf_coef=0.0, normalize_advantages=False)
     elif targets is None:
       rewards = ro.rewards * cfg.reward_scale
-      adv, returns = gae(rewards, ro.values, ro.terminated, _cut(ro.done, ro.valid), _gamma(cfg, ro),
+      adv, returns = gae(rewards, values, ro.terminated, _cut(ro.done, ro.valid), _gamma(cfg, ro),
                          cfg.gae_lambda)
     else:
       adv, returns = targets
     flat = lambda x: x.reshape((-1,) + x.shape[2:])
     data = dict(obs=jax.tree.map(flat, ro.obs), actions=flat(ro.actions), logp=flat(ro.logp),
-                values=flat(ro.values[:-1]), adv=flat(adv), returns=flat(returns),
+                values=flat(ro.values[:-1]), adv=flat(adv),
+                returns=flat(normalizer.standardize(state.value_norm, returns)),
                 mask=flat(ro.valid).astype(jnp.float32))
     if behaviour_logp is not None:
       data["behaviour_logp"] = flat(behaviour_logp)
     num = data["adv"].shape[0]
     mb = num // cfg.num_minibatches
+    scale = _target_scale(flat(values[:-1]), data["adv"], flat(returns), data["mask"])
+    scale.update(_out_of_bounds(getattr(policy, "spec", None), data["actions"], data["mask"]))
 
     def loss_fn(net, params, b):
       logp, entropy, value = policy.evaluate({**params, "net": net}, b["obs"], b["actions"])
@@ -190,15 +217,19 @@ class Learner:
                       b.get("behaviour_logp"))
 
     def minibatch_step(carry, b):
-      params, opt_state, skipped = carry
+      params, opt_state, skipped, stopped = carry
       (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params["net"], params, b)
       updates, new_opt = self._optimizer.update(grads, opt_state, params["net"])
       new_net = optax.apply_updates(params["net"], updates)
-      finite = jnp.isfinite(loss) & jnp.isfinite(optax.global_norm(grads))
-      keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+      grad_norm = optax.global_norm(grads)  # Before clipping: how hard the loss pulls.
+      finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+      if cfg.target_kl > 0:  # Once the policy has moved this far, this update is done.
+        stopped = stopped | (metrics["approx_kl"] > 1.5 * cfg.target_kl)
+      apply = finite & ~stopped
+      keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(apply, n, o), new, old)
       params = {**params, "net": keep(new_net, params["net"])}
-      carry = (params, keep(new_opt, opt_state), skipped + (~finite).astype(jnp.int32))
-      return carry, {**metrics, "loss": loss}
+      carry = (params, keep(new_opt, opt_state), skipped + (~finite).astype(jnp.int32), stopped)
+      return carry, {**metrics, "loss": loss, "grad_norm": grad_norm, "steps_applied": apply.astype(jnp.float32)}
 
     def epoch(carry, key):
       perm = jax.random.permutation(key, num)
@@ -206,17 +237,55 @@ class Learner:
       return jax.lax.scan(minibatch_step, carry, batches)
 
     key, epoch_key = jax.random.split(state.key)
-    carry = (state.params, state.opt_state, state.skipped_updates)
-    (params, opt_state, skipped), metrics = jax.lax.scan(
+    opt_state = with_learning_rate(state.opt_state, learning_rate_schedule(cfg)(state.version))
+    carry = (state.params, opt_state, state.skipped_updates, jnp.zeros((), bool))
+    (params, opt_state, skipped, _), metrics = jax.lax.scan(
         epoch, carry, jax.random.split(epoch_key, cfg.epochs))
-    params = policy.update_normalizer(params, ro.obs, ro.valid)
+    new_params = policy.update_normalizer(params, ro.obs, ro.valid)
     metrics = jax.tree.map(jnp.mean, metrics)
+    metrics.update(scale)
+    metrics.update(_normalizer_shift(params, new_params))
+    params = new_params
+    value_norm = state.value_norm
+    if cfg.value_norm and targets is None and cfg.algorithm == "grpo":
+      pass  # Critic-free: nothing is fitted to returns.
+    elif cfg.value_norm:  # After the epochs, like the observation normaliser: one scale per update.
+      value_norm = normalizer.update_stats(value_norm, returns[..., None], ro.valid, max_count=cfg.value_norm_count)
     metrics["skipped_updates"] = skipped
     metrics.update(_staleness(state.version, ro.version, ro.valid))
     metrics["learning_rate"] = learning_rate(opt_state)
     new_state = TrainState(params=params, opt_state=opt_state, key=key,
-                           version=state.version + 1, skipped_updates=skipped)
+                           version=state.version + 1, skipped_updates=skipped, value_norm=value_norm)
     return new_state, metrics
+
+
+def _target_scale(values: jax.Array, adv: jax.Array, returns: jax.Array, mask: jax.Array) -> dict[str, jax.Array]:
+  """The scale of what the update fits, over the valid samples: value targets, raw advantages and
+  how much of the targets' variance the critic explains (1 = all, <= 0 = none)."""
+  mean = lambda x: masked_mean(x, mask)
+  var = lambda x: mean(jnp.square(x - mean(x)))
+  return {"return_mean": mean(returns), "return_std": jnp.sqrt(var(returns)),
+          "advantage_std": jnp.sqrt(var(adv)), "value_mean": mean(values),
+          "explained_variance": 1.0 - var(returns - values) / jnp.maximum(var(returns), 1e-8)}
+
+
+def _out_of_bounds(spec, actions: jax.Array, mask: jax.Array) -> dict[str, jax.Array]:
+  """The fraction of sampled action components outside the env's bounds (the env clips them, so
+  they carry no signal for the Gaussian's mean there); only where actions are env actions."""
+  if spec is None or actions.shape[-1] != spec.action_dim:
+    return {}
+  low, high = jnp.asarray(spec.action_low), jnp.asarray(spec.action_high)
+  out = jnp.mean(((actions < low) | (actions > high)).astype(jnp.float32), axis=-1)
+  return {"action_out_of_bounds": masked_mean(out, mask)}
+
+
+def _normalizer_shift(old: dict, new: dict) -> dict[str, jax.Array]:
+  """Drift of the observation normaliser in one update: its mean's move in old standard deviations
+  (largest over the inputs). Big values mean the inputs the policy sees are still changing."""
+  if "obs_norm" not in old:
+    return {}
+  o, n = old["obs_norm"], new["obs_norm"]
+  return {"obs_norm_shift": jnp.max(jnp.abs(n.mean - o.mean) / jnp.sqrt(o.var + 1e-8))}
 
 
 def _gamma(cfg: LearnerConfig, batch) -> float | jax.Array:

@@ -3,7 +3,15 @@
 Why in the params: the sampler and the learner must normalise with exactly the
 same statistics for a given policy version, and a checkpoint must carry them.
 Statistics merge batches with Chan et al.'s parallel update, so one update of
-B samples equals B single-sample updates (up to rounding).
+B samples equals B single-sample updates (up to rounding). With `max_count`
+the history counts for at most that many samples, so statistics of a quantity
+that keeps moving (the returns of a policy that improves) follow it instead of
+averaging over the whole run.
+
+Value targets use the same statistics (one dimension, `standardize` /
+`unstandardize` without clipping): the critic predicts standardised returns,
+so its loss and gradients keep one scale while the returns grow a hundredfold
+as a task is learned.
 """
 
 from __future__ import annotations
@@ -24,12 +32,16 @@ def init_stats(dim: int) -> RunningStats:
   return RunningStats(jnp.zeros(dim, jnp.float32), jnp.ones(dim, jnp.float32), jnp.zeros((), jnp.float32))
 
 
-def update_stats(stats: RunningStats, x: jax.Array, weight: jax.Array | None = None) -> RunningStats:
-  """Merges samples x [..., D] (rows with weight 0 are ignored) into stats."""
+def update_stats(stats: RunningStats, x: jax.Array, weight: jax.Array | None = None,
+                 max_count: float | None = None) -> RunningStats:
+  """Merges samples x [..., D] (rows with weight 0 are ignored) into stats; with max_count the
+  earlier statistics weigh as at most max_count samples."""
   x = x.reshape(-1, x.shape[-1]).astype(jnp.float32)
   w = jnp.ones(x.shape[0], jnp.float32) if weight is None else weight.reshape(-1).astype(jnp.float32)
   n = w.sum()
   safe_n = jnp.maximum(n, 1.0)
+  if max_count is not None:
+    stats = stats.replace(count=jnp.minimum(stats.count, max_count))
   batch_mean = (w[:, None] * x).sum(0) / safe_n
   batch_var = (w[:, None] * jnp.square(x - batch_mean)).sum(0) / safe_n
   total = stats.count + n
@@ -45,3 +57,12 @@ def update_stats(stats: RunningStats, x: jax.Array, weight: jax.Array | None = N
 
 def normalize(stats: RunningStats, x: jax.Array, clip: float = 10.0) -> jax.Array:
   return jnp.clip((x - stats.mean) / jnp.sqrt(stats.var + 1e-8), -clip, clip)
+
+
+def standardize(stats: RunningStats, x: jax.Array) -> jax.Array:
+  """x in units of one-dimensional stats (no clipping: value targets must stay exact)."""
+  return (x - stats.mean[0]) / jnp.sqrt(stats.var[0] + 1e-8)
+
+
+def unstandardize(stats: RunningStats, y: jax.Array) -> jax.Array:
+  return y * jnp.sqrt(stats.var[0] + 1e-8) + stats.mean[0]

@@ -45,7 +45,8 @@ def learner_config(cfg) -> LearnerConfig:
       gamma=chunk_gamma(cfg), gae_lambda=a.gae_lambda, epochs=a.epochs, num_minibatches=a.num_minibatches,
       learning_rate=a.learning_rate, lr_schedule=a.lr_schedule,
       total_updates=layout.total_updates(cfg, cfg.total_env_steps),
-      max_grad_norm=a.max_grad_norm, reward_scale=a.reward_scale, max_staleness=cfg.ebrl.max_staleness,
+      max_grad_norm=a.max_grad_norm, target_kl=a.target_kl, reward_scale=a.reward_scale,
+      value_norm=a.value_norm, value_norm_count=float(a.value_norm_count), max_staleness=cfg.ebrl.max_staleness,
       algorithm=a.name, group_size=a.group_size,
       correction=a.correction, vtrace_rho_clip=a.vtrace_rho_clip, vtrace_c_clip=a.vtrace_c_clip,
       ppo=PPOConfig(clip_eps=a.clip_eps, value_clip_eps=a.value_clip_eps, vf_coef=a.vf_coef,
@@ -107,6 +108,9 @@ class Trainer:
     self.cfg = cfg
     self.workdir = os.path.abspath(workdir)
     self.launch_time = launch_time or time.time()
+    # Start-up, in seconds from launch: imports done, envs and learner built, first env steps
+    # taken, first update applied (startup_s in summary.json; the last two include compiles).
+    self.startup_s: dict[str, float] = {"imports": time.time() - self.launch_time}
     config_lib.validate(cfg, jax.local_device_count())
     workdir_lib.prepare(self.workdir, cfg)
     # A resumed launch draws fresh initial states: its env seed derives from the run seed and the
@@ -175,6 +179,7 @@ class Trainer:
     self._finished: dict | None = None
 
     self.writer = MetricsWriter(self.workdir)
+    self.startup_s["built"] = time.time() - self.launch_time
     self.start_env_steps = self.env_steps
     self.start_time = time.time()
     self._last_log = (self.start_time, self.env_steps)
@@ -307,6 +312,8 @@ class Trainer:
     return sum(int(getattr(a, "sim_steps", 0)) for a in adapters)
 
   def add_env_steps(self, n: int) -> None:
+    if "first_env_steps" not in self.startup_s:
+      self.startup_s["first_env_steps"] = time.time() - self.launch_time
     self.env_steps += n
 
   def should_stop(self, total_env_steps: int) -> bool:
@@ -321,6 +328,8 @@ class Trainer:
 
   def after_update(self, metrics: dict) -> None:
     now = time.time()
+    if "first_update" not in self.startup_s:
+      self.startup_s["first_update"] = now - self.launch_time
     self.updates_done = int(self.state.version)
     if "stale_dropped" in metrics:
       self.stale_dropped += int(metrics["stale_dropped"])
@@ -413,6 +422,7 @@ class Trainer:
         "stale_dropped": self.stale_dropped,
         "force_started": self.force_started,
         "env_seed": self.env_seed,
+        "startup_s": self.startup_s,
         "stage_busy": {k: v / max(elapsed, 1e-9) for k, v in stages.items()},
     }
     write_json(os.path.join(self.workdir, "summary.json"), summary)

@@ -39,6 +39,9 @@ class TrainState:
   key: jax.Array
   version: jax.Array  # int32: number of updates applied (the policy version)
   skipped_updates: jax.Array  # int32: minibatch steps skipped for a non-finite loss
+  # Running statistics of the value targets (ebrl/normalizer.py): the critic predicts returns in
+  # these units. Mean 0 / variance 1 (the identity) while value normalisation is off.
+  value_norm: Any = None
 
 
 @flax.struct.dataclass

@@ -23,6 +23,7 @@ import device_count  # pylint: disable=g-import-not-at-top
 import jax  # pylint: disable=g-import-not-at-top
 import numpy as np
 
+from ebrl import normalizer
 from ebrl.scheduler.device import make_collect
 from policies.mlp import MLPPolicy
 from sim_adapters.mjx import make_device_sim
@@ -36,7 +37,8 @@ def main(out_path: str, expected: int) -> None:
 
   sim = make_device_sim("mjx:CartpoleBalance", NUM_ENVS, max_episode_steps=EPISODE, mesh=make_sim_mesh())
   policy = MLPPolicy(sim.spec, hidden=(16, 16))
-  params = jax.device_put(policy.init(jax.random.PRNGKey(3)), jax.sharding.NamedSharding(sim.mesh, jax.sharding.PartitionSpec()))
+  params = {**policy.init(jax.random.PRNGKey(3)), "value_norm": normalizer.init_stats(1)}  # As acting_params.
+  params = jax.device_put(params, jax.sharding.NamedSharding(sim.mesh, jax.sharding.PartitionSpec()))
   collect = make_collect(sim, policy, HORIZON, gamma=0.99, reward_scale=1.0)
   state = sim.reset(jax.random.PRNGKey(0))
   print(f"state_sharding_devices={len(state.obs['state'].sharding.device_set)}")

@@ -374,3 +374,41 @@ def test_normalize_standardises_and_clips():
   assert (np.abs(ref) > 10).sum() >= 4  # several entries really were clipped
   out5 = np.asarray(normalizer.normalize(stats, jnp.asarray(x), clip=5.0))
   np.testing.assert_allclose(out5, np.clip(ref, -5.0, 5.0), rtol=1e-5, atol=1e-5)
+
+
+def test_update_stats_with_max_count_weighs_history_as_that_many_samples():
+  """max_count = M: each merge treats the earlier statistics as min(count, M) samples, so a
+  drifting quantity is followed; a NumPy recursion of the same weighted merge is the reference."""
+  rng = np.random.default_rng(12)
+  update = jax.jit(normalizer.update_stats, static_argnames="max_count")
+  stats = normalizer.init_stats(2)
+  mean, var, count = np.zeros(2), np.ones(2), 0.0
+  for i in range(6):
+    x = rng.normal(3.0 * i, 1.0 + i, size=(8, 2))  # The mean and spread keep moving.
+    stats = update(stats, x.astype(np.float32), max_count=20.0)
+    prior, n = min(count, 20.0), len(x)
+    bm, bv = x.mean(0), x.var(0)
+    delta = bm - mean
+    mean = mean + delta * n / (prior + n)
+    var = (var * prior + bv * n + delta ** 2 * prior * n / (prior + n)) / (prior + n)
+    count = prior + n
+    np.testing.assert_allclose(stats.mean, mean, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(stats.var, var, rtol=1e-5, atol=1e-5)
+    assert float(stats.count) == count
+  # Capped history follows the drift; an uncapped one lags behind it.
+  full = normalizer.init_stats(2)
+  rng = np.random.default_rng(12)
+  for i in range(6):
+    full = update(full, rng.normal(3.0 * i, 1.0 + i, size=(8, 2)).astype(np.float32), max_count=None)
+  assert np.all(np.asarray(stats.mean) > np.asarray(full.mean) + 1.0)
+
+
+def test_standardize_and_unstandardize_are_inverse():
+  stats = normalizer.RunningStats(jnp.asarray([4.0]), jnp.asarray([16.0]), jnp.asarray(5.0))
+  y = np.array([-1.0, 0.0, 2.5], np.float32)
+  x = normalizer.unstandardize(stats, y)
+  np.testing.assert_allclose(x, y * 4.0 + 4.0, rtol=1e-6)
+  np.testing.assert_allclose(normalizer.standardize(stats, x), y, rtol=1e-6, atol=1e-6)
+  # Initial statistics (the value normaliser switched off) are the identity.
+  init = normalizer.init_stats(1)
+  np.testing.assert_allclose(normalizer.unstandardize(init, y), y, rtol=1e-7)

@@ -320,3 +320,101 @@ def test_invalid_sample_does_not_leak_into_the_one_before():
     outs.append([np.asarray(x) for x in jax.tree.leaves(new.params["net"])])
   for a, b in zip(*outs):
     np.testing.assert_array_equal(a, b)
+
+
+# ----------------------------------------------------------------------------- KL early stopping
+
+
+def _reference_steps(setup, cfg, num_steps):
+  """`num_steps` full-batch Adam steps by hand (the update's epochs with one minibatch), with the
+  approx KL each step measures before it is taken."""
+  policy, ro = setup["policy"], setup["rollout"]
+  grad_fn = jax.jit(jax.value_and_grad(lambda net, stats, b: ref_loss(net, stats, b, policy, cfg.ppo),
+                                       has_aux=True))
+  adv, ret = ref_gae(ro.rewards * cfg.reward_scale, ro.values, ro.terminated, ro.done, cfg.gamma, cfg.gae_lambda)
+  f32 = lambda x: np.asarray(x, np.float32)
+  batch = dict(obs=ro.obs["state"].reshape(T * N, OBS_DIM), actions=ro.actions.reshape(T * N, ACTION_DIM),
+               logp=ro.logp.reshape(-1), values=ro.values[:-1].reshape(-1), adv=f32(adv.reshape(-1)),
+               returns=f32(ret.reshape(-1)), mask=f32(ro.valid.reshape(-1)))
+  net, stats = setup["state0"].params["net"], setup["state0"].params["obs_norm"]
+  treedef = jax.tree.structure(net)
+  adam = NumpyAdam(jax.tree.leaves(net), cfg.learning_rate, cfg.max_grad_norm)
+  nets, kls = [net], []
+  for _ in range(num_steps):
+    (_, metrics), grads = grad_fn(net, stats, batch)
+    kls.append(float(metrics["approx_kl"]))
+    leaves, _ = adam.step(jax.tree.leaves(net), jax.tree.leaves(grads))
+    net = jax.tree.unflatten(treedef, [f32(x) for x in leaves])
+    nets.append(net)
+  return nets, kls
+
+
+def test_kl_early_stop_matches_reference(setup):
+  """With target_kl between the KL the 2nd and 3rd steps measure, exactly two of four steps apply
+  (Stable-Baselines3's rule: stop once approx KL > 1.5 * target_kl), and the net is the reference's
+  after two steps; with a huge target all four apply."""
+  import dataclasses
+  cfg = dataclasses.replace(CFG, epochs=4, num_minibatches=1)
+  nets, kls = _reference_steps(setup, cfg, 4)
+  assert kls[0] == 0.0 and 0 < kls[1] < kls[2]
+  target = (kls[1] + kls[2]) / 2 / 1.5
+  for target_kl, applied in ((target, 2), (1e9, 4)):
+    learner = Learner(setup["policy"], dataclasses.replace(cfg, target_kl=target_kl))
+    state, metrics = learner.update(device(setup["state0"]), setup["rollout"])
+    state = host(state)
+    assert metrics["steps_applied"] == pytest.approx(applied / 4)
+    assert_tree_close(state.params["net"], nets[applied], atol=1e-6)
+    # Adam's step count is the applied steps, not the scheduled ones.
+    assert int(state.opt_state[1].inner_state[0].count) == applied
+
+
+# ----------------------------------------------------------------------------- value normalisation
+
+
+def test_value_normalised_update_matches_reference(setup):
+  """The critic's outputs are standardised returns: GAE runs on unstandardised values, the value
+  loss compares the critic with standardised targets, and the statistics then take in the targets
+  (their history capped at value_norm_count samples)."""
+  import dataclasses
+  from ebrl import normalizer
+  cfg = dataclasses.replace(CFG, value_norm=True, value_norm_count=30.0)
+  policy, ro = setup["policy"], setup["rollout"]
+  mu, var, count = 2.0, 9.0, 50.0
+  stats0 = normalizer.RunningStats(np.array([mu], np.float32), np.array([var], np.float32), np.float32(count))
+  state0 = setup["state0"].replace(value_norm=stats0)
+  sigma = np.sqrt(var + 1e-8)
+  adv, ret = ref_gae(ro.rewards * cfg.reward_scale, ro.values * sigma + mu, ro.terminated, ro.done, cfg.gamma,
+                     cfg.gae_lambda)
+  f32 = lambda x: np.asarray(x, np.float32)
+  batch = dict(obs=ro.obs["state"].reshape(T * N, OBS_DIM), actions=ro.actions.reshape(T * N, ACTION_DIM),
+               logp=ro.logp.reshape(-1), values=ro.values[:-1].reshape(-1), adv=f32(adv.reshape(-1)),
+               returns=f32(((ret - mu) / sigma).reshape(-1)), mask=f32(ro.valid.reshape(-1)))
+  grad_fn = jax.value_and_grad(lambda net, stats, b: ref_loss(net, stats, b, policy, cfg.ppo), has_aux=True)
+  (_, ref_metrics), grads = grad_fn(state0.params["net"], state0.params["obs_norm"], batch)
+  adam = NumpyAdam(jax.tree.leaves(state0.params["net"]), cfg.learning_rate, cfg.max_grad_norm)
+  leaves, _ = adam.step(jax.tree.leaves(state0.params["net"]), jax.tree.leaves(grads))
+  ref_net = jax.tree.unflatten(jax.tree.structure(state0.params["net"]), [f32(x) for x in leaves])
+
+  state, metrics = Learner(policy, cfg).update(device(state0), ro)
+  state = host(state)
+  assert_tree_close(state.params["net"], ref_net, atol=1e-6)
+  np.testing.assert_allclose(metrics["value_loss"], float(ref_metrics["value_loss"]), rtol=1e-5)
+  # Chan's merge of the prior (weighing as 30 samples) with the valid targets, in float64.
+  targets = ret[ro.valid]
+  n, prior = len(targets), min(count, cfg.value_norm_count)
+  mean = (prior * mu + n * targets.mean()) / (prior + n)
+  m2 = prior * var + n * targets.var() + (targets.mean() - mu) ** 2 * prior * n / (prior + n)
+  np.testing.assert_allclose(state.value_norm.mean, [mean], rtol=1e-5)
+  np.testing.assert_allclose(state.value_norm.var, [m2 / (prior + n)], rtol=1e-5)
+  assert float(state.value_norm.count) == prior + n
+  # The targets' scale is reported in return units.
+  np.testing.assert_allclose(metrics["return_mean"], targets.mean(), rtol=1e-5)
+
+
+def test_value_norm_off_keeps_the_identity(setup):
+  state, metrics = run_update(setup, setup["state0"], setup["rollout"])
+  np.testing.assert_array_equal(state.value_norm.mean, [0.0])
+  np.testing.assert_array_equal(state.value_norm.var, [1.0])
+  assert float(state.value_norm.count) == 0.0
+  for k in ("grad_norm", "explained_variance", "return_std", "advantage_std", "obs_norm_shift"):
+    assert np.isfinite(metrics[k]), k

@@ -16,7 +16,7 @@ import pytest
 from interrupt import interrupt_run
 from ebrl.learner import Learner
 from ebrl.scheduler import make_scheduler
-from ebrl.scheduler.device import make_collect
+from ebrl.scheduler.device import acting_params, make_collect
 from ebrl.scheduler.device_async import DeviceAsyncScheduler, make_segment_collect
 from ebrl.trainer import Trainer
 from launch.configs import default
@@ -97,8 +97,8 @@ def test_eta_zero_update_equals_sync_ppo_on_device_data(correction, lam, tmp_pat
   copy = lambda tree: jax.tree.map(jnp.copy, tree)
   sim_state = sim.reset(jax.random.PRNGKey(3))
   key = jax.random.PRNGKey(4)
-  after, rollout, _ = sync_collect(state.params, copy(sim_state), key, jnp.int32(0))
-  _, batch, _ = seg_collect(state.params, copy(sim_state), key, jnp.int32(0))
+  after, rollout, _ = sync_collect(acting_params(state), copy(sim_state), key, jnp.int32(0))
+  _, batch, _ = seg_collect(acting_params(state), copy(sim_state), key, jnp.int32(0))
   assert bool(rollout.done.any())  # Truncations inside the segment: the value fold is exercised.
   np.testing.assert_array_equal(batch.obs["state"][:T], rollout.obs["state"])
   np.testing.assert_array_equal(batch.obs["state"][T], after.obs["state"])  # The bootstrap row.

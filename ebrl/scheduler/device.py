@@ -30,7 +30,8 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ebrl.telemetry.episodes import EpisodeTracker
-from ebrl.types import Rollout
+from ebrl import normalizer
+from ebrl.types import Rollout, TrainState
 from policies.base import Policy
 from sim_adapters.mjx.device_sim import DeviceSim, SimState
 
@@ -53,7 +54,11 @@ def add_finished_episodes(tracker: EpisodeTracker, finished: Finished) -> None:
 
 
 def make_collect(sim: DeviceSim, policy: Policy, horizon: int, gamma: float, reward_scale: float):
-  """Jitted (params, sim_state, key, version) -> (sim_state, Rollout, Finished)."""
+  """Jitted (params, sim_state, key, version) -> (sim_state, Rollout, Finished).
+
+  params are the policy's, plus "value_norm" (TrainState.value_norm, see `acting_params`): the
+  critic predicts standardised returns, and the truncation bootstrap is folded in return units.
+  """
   low, high = jnp.asarray(sim.spec.action_low), jnp.asarray(sim.spec.action_high)
   step = sim._step  # pylint: disable=protected-access  # Inlined into the scan, not a nested jit.
 
@@ -69,6 +74,7 @@ def make_collect(sim: DeviceSim, policy: Policy, horizon: int, gamma: float, rew
       # Bootstrap truncated episodes from their final observation (computed only when one ended).
       v_final = jax.lax.cond(jnp.any(nxt.truncated), lambda: value(params, nxt.final_obs),
                              lambda: jnp.zeros_like(v))
+      v_final = normalizer.unstandardize(params["value_norm"], v_final)
       reward = nxt.reward + jnp.where(nxt.truncated, gamma * v_final / reward_scale, 0.0)
       row = dict(obs=obs, actions=action, logp=logp, values=v, rewards=reward, done=nxt.done,
                  fin=Finished(nxt.done, nxt.done_return, nxt.done_length, nxt.done_success))
@@ -84,6 +90,11 @@ def make_collect(sim: DeviceSim, policy: Policy, horizon: int, gamma: float, rew
     return state, rollout, rows["fin"]
 
   return jax.jit(collect, donate_argnums=(1,))
+
+
+def acting_params(state: TrainState):
+  """What a device collect acts with: the policy params and the value statistics."""
+  return {**state.params, "value_norm": state.value_norm}
 
 
 def make_random_collect(sim: DeviceSim, horizon: int):
@@ -116,7 +127,7 @@ class DeviceScheduler:
     self._replicated = NamedSharding(self.sim.mesh, P()) if self.sim.mesh is not None else None
 
   def _params(self):
-    params = self.t.state.params
+    params = acting_params(self.t.state)
     return params if self._replicated is None else jax.device_put(params, self._replicated)
 
   def run(self, total_env_steps: int) -> None:

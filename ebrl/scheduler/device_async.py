@@ -52,7 +52,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from ebrl.scheduler.device import Finished, add_finished_episodes, make_collect
+from ebrl.scheduler.device import Finished, acting_params, add_finished_episodes, make_collect
 from ebrl.scheduler.stage_threads import POLL_S, StageThreads, learner_loop
 from ebrl.trajectory_queue import TrajectoryQueue
 from ebrl.types import SegmentBatch
@@ -147,7 +147,7 @@ class DeviceAsyncScheduler:
 
   def _publish(self, state) -> None:
     """Params for the groups: their own copy (the next update donates the learner's), on the sim mesh."""
-    params = jax.tree.map(jnp.copy, state.params)
+    params = jax.tree.map(jnp.copy, acting_params(state))
     if self._replicated is not None:
       params = jax.device_put(params, self._replicated)
     with self._lock:

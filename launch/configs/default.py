@@ -66,7 +66,14 @@ def get_config() -> ml_collections.ConfigDict:
       learning_rate=3e-4,
       lr_schedule="constant",
       max_grad_norm=0.5,
+      # Stop an update's remaining minibatch steps once one measures approx KL > 1.5 * target_kl
+      # (0 = every epoch runs).
+      target_kl=0.0,
       reward_scale=0.1,
+      # The critic predicts returns standardised by running statistics of its targets, whose
+      # history weighs as at most value_norm_count samples.
+      value_norm=False,
+      value_norm_count=100_000,
       # Off-policy correction of stale samples (scheduler=ebrl): "decoupled_ppo" or "vtrace".
       correction="decoupled_ppo",
       behaviour_weight_clip=2.0,  # Decoupled PPO: cap on prox / behaviour (stale samples).

@@ -1,0 +1,305 @@
+"""Side-by-side learning benchmark: EBRL and a peer PPO on the same tasks, back to back.
+
+  python -m launch.learning_bench --tasks=Reach-v3,DrawerClose-v3 --seeds=0,1 \
+      --peer_python=peers-venv/bin/python --peer_script=peers/sb3_ppo_metaworld.py \
+      --out=learning/learning.json
+
+For each MetaWorld task (goal-observable, one task alone: the MT1 convention)
+and seed it trains EBRL (`launch.train` with the default config and any
+`--config.*` overrides, once per `--schedulers` entry) and the peer harness
+(Stable-Baselines3 PPO over the same EnvPool envs, run in its own interpreter),
+one run at a time: two runs at once would share the cores and both be slower.
+
+Success is per episode (MetaWorld's `success` at any step), over a window of
+the last 100 finished episodes. Reported per run: the first wall time and env
+steps at which that window reached `--target` (EBRL: from launch, imports and
+compiles included; the peer: from the start of its `learn()`, with its set-up
+time beside it), the window over the run's last 100 episodes, the best window,
+and end-to-end env steps/s. One JSON holds every run plus a per-task verdict,
+and `<out dir>/<task>.png` plots both systems' success against wall time and
+against env steps.
+
+The benchmark is resumable: each run's result is kept in `<out dir>/runs/` as
+it finishes, and a later call with the same flags only does what is missing
+(`--rerun` does everything again).
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+from absl import flags
+
+from launch import common
+
+_TASKS = flags.DEFINE_list("tasks", ["Reach-v3"], "MetaWorld task names (without 'MetaWorld/').")
+_SEEDS = flags.DEFINE_list("seeds", ["0", "1"], "Seeds; every system runs each.")
+_STEPS = flags.DEFINE_integer("steps", 600_000, "Env steps per run.")
+_SCHEDULERS = flags.DEFINE_list("schedulers", ["sync"], "EBRL schedulers to run (each a system).")
+_PEER_PYTHON = flags.DEFINE_string("peer_python", None, "Interpreter of the peer's virtual environment "
+                                   "(see shared/peers/README.md); unset = EBRL only.")
+_PEER_SCRIPT = flags.DEFINE_string("peer_script", None, "The peer harness, sb3_ppo_metaworld.py.")
+_PEER_SEEDS = flags.DEFINE_list("peer_seeds", None, "Seeds for the peer (default: --seeds).")
+_PEER_MINUTES = flags.DEFINE_float("peer_minutes", 15.0, "Wall cap of one peer run.")
+_TARGET = flags.DEFINE_float("target", 0.9, "Success over 100 episodes that counts as solved.")
+_OUT = flags.DEFINE_string("out", "learning/learning.json", "The JSON; plots and runs/ go beside it.")
+_RERUN = flags.DEFINE_bool("rerun", False, "Run everything again instead of reusing finished runs.")
+_CONFIG_OVERRIDES = flags.DEFINE_multi_string(
+    "override", [], "A --config.<key>=<value> flag passed to every EBRL run (repeatable), e.g. "
+    "--override=--config.algorithm.epochs=4.")
+
+WINDOW = 100  # Episodes in the success window (EBRL's EpisodeTracker and the acceptance's).
+
+
+def _check_flags() -> tuple[list[int], list[int]]:
+  """Every flag, and the output path, before the first run (a late error would waste them)."""
+  from ebrl.config import SCHEDULERS
+  from sim_adapters import UnknownEnvError, check_env_name
+  for task in _TASKS.value:
+    try:
+      check_env_name(f"MetaWorld/{task}")
+    except UnknownEnvError as e:
+      common.fail(f"--tasks: {e}")
+  seeds = _int_list("seeds", _SEEDS.value)
+  peer_seeds = _int_list("peer_seeds", _PEER_SEEDS.value) if _PEER_SEEDS.value is not None else seeds
+  if _STEPS.value <= 0:
+    common.fail(f"--steps={_STEPS.value} must be a positive number of env steps")
+  for s in _SCHEDULERS.value:
+    if s not in SCHEDULERS or s == "random":
+      common.fail(f"--schedulers: '{s}' is not a learning scheduler; valid: sync, pipelined, ebrl")
+  if not 0 < _TARGET.value <= 1 or not math.isfinite(_PEER_MINUTES.value) or _PEER_MINUTES.value <= 0:
+    common.fail(f"--target={_TARGET.value} must be in (0, 1] and --peer_minutes={_PEER_MINUTES.value} positive")
+  if (_PEER_PYTHON.value is None) != (_PEER_SCRIPT.value is None):
+    common.fail("--peer_python and --peer_script go together (the peer's interpreter and its harness)")
+  for name, path in (("peer_python", _PEER_PYTHON.value), ("peer_script", _PEER_SCRIPT.value)):
+    if path is not None and not os.path.isfile(path):
+      common.fail(f"--{name}='{path}' is not a file; see shared/peers/README.md for the peer's set-up")
+  for o in _CONFIG_OVERRIDES.value:
+    if not o.startswith("--config."):
+      common.fail(f"--override='{o}' must be a --config.<key>=<value> flag")
+  common.check_output_file("out", _OUT.value)
+  return seeds, peer_seeds
+
+
+def _int_list(name: str, values: list[str]) -> list[int]:
+  try:
+    out = [int(v) for v in values]
+  except ValueError:
+    common.fail(f"--{name}={','.join(values)} must be integers")
+  if not out or any(v < 0 for v in out):
+    common.fail(f"--{name}={','.join(values)} must be one or more integers >= 0")
+  return out
+
+
+# ----------------------------------------------------------------------------- success curves
+
+
+def first_reach(points: list[tuple[float, int, float]], target: float) -> tuple[float, int] | None:
+  """(wall s, env steps) of the first point whose success window is >= target."""
+  for t, steps, sr in points:
+    if sr >= target:
+      return t, steps
+  return None
+
+
+def episode_windows(successes: list[float], times: list[float], steps: list[int]) -> list[tuple[float, int, float]]:
+  """Success over the last WINDOW episodes after each episode, from the first full window on."""
+  out, total = [], 0.0
+  for i, s in enumerate(successes):
+    total += s
+    if i >= WINDOW:
+      total -= successes[i - WINDOW]
+    if i + 1 >= WINDOW:
+      out.append((times[i], steps[i], total / WINDOW))
+  return out
+
+
+def _summarise(points, target: float, final: float | None, sps: float, extra: dict) -> dict:
+  hit = first_reach(points, target)
+  return {"time_to_target_s": hit[0] if hit else None, "env_steps_to_target": hit[1] if hit else None,
+          "final_success": final, "best_success": max((p[2] for p in points), default=None),
+          "env_steps_per_s": sps, "curve": [[round(t, 2), s, round(sr, 4)] for t, s, sr in points], **extra}
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+def run_ebrl(task: str, seed: int, scheduler: str, workdir: str) -> dict:
+  """One launch.train run in a fresh process, read back from its summary and metrics."""
+  cmd = [sys.executable, "-m", "launch.train", f"--workdir={workdir}", "--progress=false",
+         f"--config.env.name=MetaWorld/{task}", f"--config.seed={seed}", f"--config.scheduler={scheduler}",
+         f"--config.total_env_steps={_STEPS.value}", *_CONFIG_OVERRIDES.value]
+  start = time.time()
+  proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+  if proc.returncode:
+    raise RuntimeError(f"EBRL run {task} seed {seed} failed: {proc.stderr.strip().splitlines()[-1:]}")
+  from ebrl.telemetry.writers import read_jsonl
+  with open(os.path.join(workdir, "summary.json")) as f:
+    summary = json.load(f)
+  rows = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+  points = [(r["wall_s"], r["env_steps"], r["success_rate"]) for r in rows
+            if r.get("success_rate") is not None and r.get("episodes", 0) >= WINDOW]
+  out = _summarise(points, _TARGET.value, summary["final_success_rate"], summary["env_steps_per_s"],
+                   {"process_wall_s": time.time() - start, "startup_s": summary.get("startup_s"),
+                    "workdir": workdir})
+  # The run's own (per-update) first crossing is finer than the 2 s metrics rows.
+  if summary.get("time_to_success_s") is not None and summary["target_success"] == _TARGET.value:
+    out["time_to_target_s"], out["env_steps_to_target"] = summary["time_to_success_s"], summary["env_steps_to_success"]
+  return out
+
+
+def run_peer(task: str, seed: int, logdir: str) -> dict:
+  """One peer harness run; its episode CSV (written beside the script) is moved into logdir."""
+  tag = f"learnbench_{task}_s{seed}"
+  cmd = [_PEER_PYTHON.value, _PEER_SCRIPT.value, "--env", f"MetaWorld/{task}", "--net", "64", "64",
+         "--total-steps", str(_STEPS.value), "--max-minutes", str(_PEER_MINUTES.value), "--seed", str(seed),
+         "--tag", tag]
+  start = time.time()
+  proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+  if proc.returncode:
+    raise RuntimeError(f"peer run {task} seed {seed} failed: {proc.stderr.strip().splitlines()[-1:]}")
+  csv_path = os.path.join(os.path.dirname(os.path.abspath(_PEER_SCRIPT.value)), "logs", f"{tag}_episodes.csv")
+  with open(csv_path) as f:
+    rows = list(csv.DictReader(f))
+  os.makedirs(logdir, exist_ok=True)
+  os.replace(csv_path, os.path.join(logdir, f"{tag}_episodes.csv"))
+  times = [float(r["t_sec"]) for r in rows]
+  steps = [int(r["env_steps"]) for r in rows]
+  succ = [float(r["success_any"]) for r in rows]
+  points = episode_windows(succ, times, steps)
+  final = sum(succ[-WINDOW:]) / WINDOW if len(succ) >= WINDOW else None
+  setup = _printed(proc.stdout, "setup=", "s")
+  learn_s, total = _printed(proc.stdout, "learn() wall=", "s"), _printed(proc.stdout, "env_steps=", " ")
+  return _summarise(points, _TARGET.value, final, (total or 0) / max(learn_s or 1e-9, 1e-9),
+                    {"setup_s": setup, "learn_wall_s": learn_s, "process_wall_s": time.time() - start})
+
+
+def _printed(stdout: str, key: str, end: str) -> float | None:
+  """A number the harness printed after `key` (its summary lines)."""
+  for line in stdout.splitlines():
+    if key in line:
+      rest = line.split(key, 1)[1]
+      try:
+        return float(rest.split(end, 1)[0])
+      except ValueError:
+        continue
+  return None
+
+
+def _cached(path: str, make) -> dict:
+  if os.path.exists(path) and not _RERUN.value:
+    with open(path) as f:
+      return json.load(f)
+  result = make()
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(result, f)
+  os.replace(tmp, path)
+  return result
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def verdict(task_runs: dict, target: float) -> dict:
+  """Per EBRL system, against the peer: solved by the peer (any seed) means every EBRL seed must
+  reach the target, no later in wall time than the peer's fastest seed, and end at >= target."""
+  peer = task_runs.get("sb3", {})
+  peer_times = [r["time_to_target_s"] for r in peer.values() if r["time_to_target_s"] is not None]
+  out = {"peer_solved": bool(peer_times), "peer_time_to_target_s": min(peer_times) if peer_times else None}
+  for system, runs in task_runs.items():
+    if system == "sb3":
+      continue
+    times = [r["time_to_target_s"] for r in runs.values()]
+    finals = [r["final_success"] for r in runs.values()]
+    reached = all(t is not None for t in times)
+    held = all(f is not None and f >= target for f in finals)
+    faster = reached and (not peer_times or max(times) <= min(peer_times))
+    out[system] = {"reached_every_seed": reached, "final_at_target_every_seed": held,
+                   "no_later_than_peer": faster if peer_times else None,
+                   "meets": (reached and held and faster) if peer_times else None}
+  return out
+
+
+def plot_task(task: str, task_runs: dict, path: str, target: float) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+  colors = {"sb3": "tab:gray"}
+  palette = iter(["tab:blue", "tab:orange", "tab:green", "tab:red"])
+  for system, runs in task_runs.items():
+    color = colors.setdefault(system, next(palette))
+    for i, (seed, r) in enumerate(sorted(runs.items())):
+      pts = r["curve"]
+      label = f"{'SB3 PPO' if system == 'sb3' else 'EBRL ' + system}" if i == 0 else None
+      style = ["-", "--", ":", "-."][i % 4]
+      axes[0].plot([p[0] for p in pts], [p[2] for p in pts], style, color=color, label=label)
+      axes[1].plot([p[1] for p in pts], [p[2] for p in pts], style, color=color, label=label)
+  for ax, xlabel in zip(axes, ("wall s (EBRL from launch, SB3 from learn())", "env steps")):
+    ax.axhline(target, color="k", lw=0.5)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(f"success, last {WINDOW} episodes")
+    ax.set_ylim(-0.02, 1.02)
+  axes[0].legend(loc="lower right")
+  fig.suptitle(f"MetaWorld/{task} (seeds: line styles)")
+  fig.tight_layout()
+  fig.savefig(path, dpi=90)
+  plt.close(fig)
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    common.fail(f"unexpected arguments {argv[1:]}")
+  seeds, peer_seeds = _check_flags()
+  out_dir = os.path.dirname(os.path.abspath(_OUT.value))
+  runs_dir = os.path.join(out_dir, "runs")
+  os.makedirs(runs_dir, exist_ok=True)
+  results: dict = {}
+  for task in _TASKS.value:
+    task_runs = results.setdefault(task, {})
+    for scheduler in _SCHEDULERS.value:
+      for seed in seeds:
+        name = f"{task}_{scheduler}_s{seed}"
+        print(f"[learning_bench] EBRL {scheduler} {task} seed {seed}", flush=True)
+        task_runs.setdefault(scheduler, {})[str(seed)] = _cached(
+            os.path.join(runs_dir, name + ".json"),
+            lambda: run_ebrl(task, seed, scheduler, os.path.join(runs_dir, name)))
+    if _PEER_PYTHON.value:
+      for seed in peer_seeds:
+        print(f"[learning_bench] SB3 PPO {task} seed {seed}", flush=True)
+        task_runs.setdefault("sb3", {})[str(seed)] = _cached(
+            os.path.join(runs_dir, f"{task}_sb3_s{seed}.json"), lambda: run_peer(task, seed, runs_dir))
+    plot_task(task, task_runs, os.path.join(out_dir, f"{task}.png"), _TARGET.value)
+  from launch.bench import machine_info
+  report = {"date": datetime.date.today().isoformat(), "machine": machine_info(), "steps": _STEPS.value,
+            "target": _TARGET.value, "window_episodes": WINDOW, "overrides": _CONFIG_OVERRIDES.value,
+            "verdicts": {t: verdict(r, _TARGET.value) for t, r in results.items()}, "runs": results}
+  tmp = _OUT.value + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(report, f, indent=1)
+  os.replace(tmp, _OUT.value)
+  _print_table(results)
+  print(f"wrote {_OUT.value} and {len(results)} plots in {out_dir}")
+
+
+def _print_table(results: dict) -> None:
+  fmt = lambda v, d=1: "-" if v is None else f"{v:.{d}f}"
+  print(f"{'task':24s} {'system':8s} {'seed':>4s} {'t to target s':>13s} {'steps':>8s} {'final':>6s} {'best':>5s} {'sps':>7s}")
+  for task, task_runs in results.items():
+    for system, runs in task_runs.items():
+      for seed, r in sorted(runs.items()):
+        print(f"{task:24s} {system:8s} {seed:>4s} {fmt(r['time_to_target_s']):>13s} "
+              f"{r['env_steps_to_target'] or '-':>8} {fmt(r['final_success'], 2):>6s} {fmt(r['best_success'], 2):>5s} "
+              f"{fmt(r['env_steps_per_s'], 0):>7s}")
+
+
+if __name__ == "__main__":
+  common.run(main)

@@ -78,7 +78,8 @@ def learning_rate_schedule(cfg: LearnerConfig) -> optax.Schedule:
   learning_rate / total_updates. Counting updates, not Adam steps, keeps the schedule true when
   KL early stopping skips some of an update's steps."""
   if cfg.lr_schedule == "linear":
-    return optax.linear_schedule(cfg.learning_rate, 0.0, max(1, cfg.total_updates))
+    # Time-limited runs (benchmarks) pay for more updates than an int32 counts: nearly constant.
+    return optax.linear_schedule(cfg.learning_rate, 0.0, max(1, min(cfg.total_updates, 2**31 - 1)))
   return optax.constant_schedule(cfg.learning_rate)
 
 

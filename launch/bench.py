@@ -26,11 +26,9 @@ scheduler runs: a bad value found later would cost the runs before it.
 
 from __future__ import annotations
 
-import datetime
 import json
 import math
 import os
-import platform
 import tempfile
 import time
 
@@ -66,20 +64,6 @@ def _ratio_name(a: str, b: str) -> str:
   if a.startswith("ebrl+") and b.startswith("ebrl+"):
     a, b = a[len("ebrl+"):], b[len("ebrl+"):]
   return f"{a}_over_{b}"
-
-
-def machine_info() -> dict:
-  import jax  # pylint: disable=g-import-not-at-top
-
-  cpu = platform.processor()
-  try:
-    with open("/proc/cpuinfo") as f:
-      cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), cpu)
-  except OSError:
-    pass
-  return {"cpu": cpu, "usable_cores": len(os.sched_getaffinity(0)), "python": platform.python_version(),
-          "jax": jax.__version__, "devices": [str(d) for d in jax.devices()],
-          "date": datetime.datetime.now().isoformat(timespec="seconds")}
 
 
 class _Window:
@@ -259,7 +243,7 @@ def _report(results: dict, base) -> dict:
                  "fraction": {n: r["e2e_env_steps_per_s"] / bound["env_steps_per_s"] for n, r in results.items()}}
   return {"env": _ENV.value, "policy": _POLICY.value, "num_envs": base.num_envs, "seconds": _SECONDS.value,
           "stragglers": {"fraction": _STRAGGLER_FRACTION.value, "slowdown": _STRAGGLER_SLOWDOWN.value},
-          "machine": machine_info(), "results": results, "ratios": ratios, "bound": out_bound}
+          "machine": common.machine_info(), "results": results, "ratios": ratios, "bound": out_bound}
 
 
 def _print_table(out: dict) -> None:

@@ -10,7 +10,9 @@ before the work whose results it will hold.
 from __future__ import annotations
 
 import ast
+import datetime
 import os
+import platform
 import sys
 from typing import Callable
 
@@ -219,3 +221,18 @@ def run(main: Callable[[list[str]], None]) -> None:
       fail(str(e))
 
   app.run(guarded, flags_parser=_parse_flags)
+
+
+def machine_info() -> dict:
+  """The machine a benchmark ran on, for its JSON."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  cpu = platform.processor()
+  try:
+    with open("/proc/cpuinfo") as f:
+      cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), cpu)
+  except OSError:
+    pass
+  return {"cpu": cpu, "usable_cores": len(os.sched_getaffinity(0)), "python": platform.python_version(),
+          "jax": jax.__version__, "devices": [str(d) for d in jax.devices()],
+          "date": datetime.datetime.now().isoformat(timespec="seconds")}

@@ -33,6 +33,9 @@ def tiny_config(total: int = 256, resume: bool = False):
   cfg.policy.hidden = (16, 16)
   cfg.algorithm.epochs = 2
   cfg.algorithm.num_minibatches = 2
+  # These resumes raise the budget, and a linear rate decays over the budget's updates by design:
+  # a constant rate lets one update from the restored state be compared with the original's.
+  cfg.algorithm.lr_schedule = "constant"
   cfg.resume = resume
   cfg.log_every_s = 0.0
   return cfg

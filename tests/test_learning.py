@@ -14,7 +14,7 @@ from launch.configs import default
 
 def test_sync_ppo_solves_reach(tmp_path):
   cfg = default.get_config()
-  cfg.total_env_steps = 200_000
+  cfg.total_env_steps = 400_000
   cfg.checkpoint_every_s = 1e9
   trainer = Trainer(cfg, str(tmp_path), progress=False)
   make_scheduler("sync", trainer).run(cfg.total_env_steps)

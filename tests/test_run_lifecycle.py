@@ -246,6 +246,10 @@ def test_linear_schedule_reaches_its_last_value_on_the_last_update(name, tmp_pat
   summary = trainer.finish()
   lc = learner_config(cfg)
   assert lc.total_updates == 5 and summary["policy_version"] == 5 and len(seen) == 5
+  # Start-up is reported in order: imports, built, first env steps, first update.
+  marks = summary["startup_s"]
+  assert list(marks) == ["imports", "built", "first_env_steps", "first_update"]
+  assert 0 <= marks["imports"] <= marks["built"] <= marks["first_env_steps"] <= marks["first_update"]
   schedule = learning_rate_schedule(lc)
   np.testing.assert_allclose(seen, [float(schedule(u)) for u in range(5)], rtol=1e-6)
   # The last update has the schedule's last non-zero rate: not 0 early, not above it late.

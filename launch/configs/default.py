@@ -32,7 +32,7 @@ def get_config() -> ml_collections.ConfigDict:
       reward_type="chunk",
   ))
   c.num_envs = 32
-  c.rollout_length = 32  # T: steps per env between updates.
+  c.rollout_length = 128  # T: steps per env between updates (32 x 128 = 4,096 samples per update).
   c.total_env_steps = 600_000
   c.target_success = 0.9
   c.seed = 0
@@ -64,7 +64,7 @@ def get_config() -> ml_collections.ConfigDict:
       epochs=4,
       num_minibatches=4,
       learning_rate=3e-4,
-      lr_schedule="constant",
+      lr_schedule="linear",  # To 0 over the updates total_env_steps pays for; or "constant".
       max_grad_norm=0.5,
       # Stop an update's remaining minibatch steps once one measures approx KL > 1.5 * target_kl
       # (0 = every epoch runs).
@@ -72,7 +72,7 @@ def get_config() -> ml_collections.ConfigDict:
       reward_scale=0.1,
       # The critic predicts returns standardised by running statistics of its targets, whose
       # history weighs as at most value_norm_count samples.
-      value_norm=False,
+      value_norm=True,
       value_norm_count=100_000,
       # Off-policy correction of stale samples (scheduler=ebrl): "decoupled_ppo" or "vtrace".
       correction="decoupled_ppo",

@@ -1,0 +1,77 @@
+"""launch.learning_bench: the success windows, the verdict, and its flag errors.
+
+The full benchmark trains for minutes per run; here its figures are checked on
+hand-made episode logs, and its mistakes on the command line it would get.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from launch import learning_bench as lb
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_episode_windows_start_at_a_full_window_and_slide():
+  succ = [0.0] * 50 + [1.0] * 150
+  times = [float(i) for i in range(200)]
+  steps = [500 * (i + 1) for i in range(200)]
+  points = lb.episode_windows(succ, times, steps)
+  assert len(points) == 200 - lb.WINDOW + 1
+  assert points[0] == (99.0, 50_000, 0.5)  # Episodes 0-99: 50 of them succeeded.
+  assert points[-1][2] == 1.0
+  # The first window at >= 0.9: episodes 40..139 hold 90 successes.
+  assert lb.first_reach(points, 0.9) == (139.0, 70_000)
+  assert lb.first_reach(points[:10], 0.9) is None
+
+
+def _run(t, final, steps=1000):
+  return {"time_to_target_s": t, "final_success": final, "env_steps_to_target": steps if t else None}
+
+
+def test_verdict_needs_every_seed_to_reach_hold_and_beat_the_peer_run_of_its_seed():
+  peer = {"0": _run(30.0, 0.95), "1": _run(50.0, 0.9)}
+  good = {"sync": {"0": _run(20.0, 0.95), "1": _run(49.0, 0.91)}, "sb3": peer}
+  v = lb.verdict(good, 0.9)
+  assert v["peer_solved"] and v["peer_time_to_target_s"] == {"0": 30.0, "1": 50.0}
+  assert v["sync"]["meets"] is True
+  late = {"sync": {"0": _run(31.0, 0.95), "1": _run(20.0, 0.95)}, "sb3": peer}
+  assert lb.verdict(late, 0.9)["sync"]["no_later_than_peer"] is False
+  # One peer seed: every EBRL seed is held to it.
+  one = {"sync": {"0": _run(20.0, 0.95), "1": _run(31.0, 0.95)}, "sb3": {"0": _run(30.0, 0.95)}}
+  assert lb.verdict(one, 0.9)["sync"]["no_later_than_peer"] is False
+  # A peer seed that never got there sets no time for that seed.
+  miss = {"sync": {"0": _run(20.0, 0.95), "1": _run(90.0, 0.95)}, "sb3": {"0": _run(30.0, 0.95), "1": _run(None, 0.2)}}
+  assert lb.verdict(miss, 0.9)["sync"]["meets"] is True
+  dropped = {"sync": {"0": _run(20.0, 0.95), "1": _run(25.0, 0.5)}, "sb3": peer}
+  assert lb.verdict(dropped, 0.9)["sync"]["final_at_target_every_seed"] is False
+  missed = {"sync": {"0": _run(None, 0.1), "1": _run(25.0, 0.95)}, "sb3": peer}
+  assert lb.verdict(missed, 0.9)["sync"]["meets"] is False
+  # A task the peer never solves sets no bar (reported, not judged).
+  unsolved = {"sync": {"0": _run(None, 0.0)}, "sb3": {"0": _run(None, 0.0)}}
+  v = lb.verdict(unsolved, 0.9)
+  assert not v["peer_solved"] and v["sync"]["meets"] is None
+
+
+@pytest.mark.parametrize("flags,expected", [
+    (["--tasks=Nope-v3"], "--tasks: unknown env 'MetaWorld/Nope-v3'"),
+    (["--schedulers=random"], "'random' is not a learning scheduler"),
+    (["--seeds=a"], "--seeds=a must be integers"),
+    (["--steps=0"], "--steps=0 must be a positive"),
+    (["--peer_python=/nonexistent/python", "--peer_script=/nonexistent/s.py"], "--peer_python='/nonexistent/python' is not a file"),
+    (["--peer_python=/nonexistent/python"], "--peer_python and --peer_script go together"),
+    (["--override=--seed=3"], "--override='--seed=3' must be a --config.<key>=<value> flag"),
+    (["--out=/proc/learning.json"], "--out='/proc/learning.json' is not writable"),
+])
+def test_flag_mistakes_are_one_line_before_any_run(flags, expected, tmp_path):
+  proc = subprocess.run([sys.executable, "-m", "launch.learning_bench", *flags], cwd=ROOT, capture_output=True,
+                        text=True, timeout=120, check=False)
+  assert proc.returncode == 2, proc.stderr
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and expected in lines[0], proc.stderr
+  assert "Traceback" not in proc.stderr

@@ -9,7 +9,11 @@ is the same on 1 or D devices up to the order of float sums.
 A minibatch whose loss or gradient is not finite is skipped: params and
 optimiser state stay as they were and `skipped_updates` counts it. The
 observation normaliser is updated after the epochs, so the ratio at the first
-epoch is exactly 1 against the behaviour policy.
+epoch is exactly 1 against the behaviour policy. With `value_norm` the critic
+predicts returns standardised by running statistics of its targets
+(TrainState.value_norm, updated after the epochs too); with `target_kl` the
+rest of an update's minibatch steps are skipped once one measures too large a
+KL; the learning rate is set per update from the schedule.
 
 With `algorithm="grpo"` the on-policy update is critic-free: advantages are
 group-relative returns over `group_size` consecutive same-seed envs

@@ -252,9 +252,8 @@ class Learner:
     metrics.update(_normalizer_shift(params, new_params))
     params = new_params
     value_norm = state.value_norm
-    if cfg.value_norm and targets is None and cfg.algorithm == "grpo":
-      pass  # Critic-free: nothing is fitted to returns.
-    elif cfg.value_norm:  # After the epochs, like the observation normaliser: one scale per update.
+    critic_free = targets is None and cfg.algorithm == "grpo"  # Nothing is fitted to returns.
+    if cfg.value_norm and not critic_free:  # After the epochs, like the obs normaliser: one scale per update.
       value_norm = normalizer.update_stats(value_norm, returns[..., None], ro.valid, max_count=cfg.value_norm_count)
     metrics["skipped_updates"] = skipped
     metrics.update(_staleness(state.version, ro.version, ro.valid))

@@ -216,7 +216,7 @@ def crash_resume_rounds(tmp_path, scheduler: str, seed: int, budget_s: float, mi
 
 
 def test_sigkill_during_checkpoint_writes_sync(tmp_path):
-  out = crash_resume_rounds(tmp_path, "sync", seed=1234, budget_s=50.0, min_kills=6)
+  out = crash_resume_rounds(tmp_path, "sync", seed=1234, budget_s=30.0, min_kills=6)
   assert out["resumes"] == sorted(set(out["resumes"]))  # Every launch moved the run on.
   assert "mid-save" in out["kinds"]
   print(json.dumps(out))

@@ -25,6 +25,7 @@ schedulers) have no aligned groups, so `update_segments` rejects grpo.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable
 
 import jax
@@ -140,7 +141,10 @@ class Learner:
     self._update_segments: Callable = jax.jit(self._segments_fn, donate_argnums=(0,))
 
   def init(self, key: jax.Array) -> TrainState:
-    return jax.device_put(init_train_state(self.policy, self.cfg, key), self._replicated)
+    # One compiled call: run eagerly, Flax's initialisers (orthogonal: a QR per layer) dispatch
+    # dozens of op-by-op compiles, about 2 s of every launch's start-up on a CPU.
+    init = jax.jit(functools.partial(init_train_state, self.policy, self.cfg), out_shardings=self._replicated)
+    return init(key)
 
   def place(self, rollout: Rollout) -> Rollout:
     return jax.device_put(rollout, rollout_sharding(self.mesh, rollout))

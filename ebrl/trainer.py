@@ -147,7 +147,7 @@ class Trainer:
     self.action_size = action_size(self.policy, self.spec)
     self.learner = Learner(self.policy, learner_config(cfg))
     self.sampler = Sampler(self.policy, self.spec, seed=cfg.seed + 1)
-    self.tracker = EpisodeTracker(cfg.num_envs, self.spec.has_success)
+    self.tracker = EpisodeTracker(cfg.num_envs, self.spec.has_success, target=cfg.target_success)
     self.tracer = Tracer()
     self.clock = StageClock(self.tracer)
     for adapter in (list(self.groups) if self.groups is not None else []):
@@ -315,6 +315,16 @@ class Trainer:
     if "first_env_steps" not in self.startup_s:
       self.startup_s["first_env_steps"] = time.time() - self.launch_time
     self.env_steps += n
+    if self.time_to_success_s is None:
+      self._note_success()
+
+  def _note_success(self) -> None:
+    """Takes the moment the episode window first reached the target (the tracker notes it as the
+    episodes finish), with the env steps taken by then, to within one step batch."""
+    hit = self.tracker.first_hit
+    if hit is not None and hit >= self.launch_time:
+      self.time_to_success_s = self.prior_wall_s + hit - self.launch_time
+      self.env_steps_to_success = self.env_steps
 
   def should_stop(self, total_env_steps: int) -> bool:
     """A learning run ends after the updates its budget pays for (ebrl.layout.total_updates), the
@@ -336,8 +346,10 @@ class Trainer:
     sr = self.tracker.success_rate
     if math.isfinite(sr):
       self.best_success_rate = sr if not math.isfinite(self.best_success_rate) else max(self.best_success_rate, sr)
+      if self.time_to_success_s is None:
+        self._note_success()
       if (self.time_to_success_s is None and self.tracker.window_full and sr >= self.cfg.target_success):
-        self.time_to_success_s = self.wall_s()
+        self.time_to_success_s = self.wall_s()  # A window restored at the target (resume).
         self.env_steps_to_success = self.env_steps
     self._last_metrics = metrics
     if self.resources is not None:

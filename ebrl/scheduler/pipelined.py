@@ -49,10 +49,10 @@ class PipelinedScheduler:
           acts, version = pending[s]
           buf.store(step, obs[s], acts, version, result, cols[s])
           t.tracker.observe(_global(result, groups.offsets[s]))
+          t.add_env_steps(groups[s].num_envs)
           obs[s] = result.obs
           if step + 1 < horizon:
             pending[s] = self._generate_and_send(s, obs[s])
-      t.add_env_steps(n * horizon)
       with clock.stage("gen", lane="sampler"):
         last_obs = {k: np.concatenate([o[k] for o in obs]) for k in obs[0]}
         last_values = sampler.value(last_obs)

@@ -37,8 +37,8 @@ class SyncScheduler:
           result = adapter.step(acts.env_action)
         buf.store(step, obs, acts, version, result)
         t.tracker.observe(result)
+        t.add_env_steps(n)  # Per step: a success reached mid-rollout is dated there.
         obs = result.obs
-      t.add_env_steps(n * horizon)
       with clock.stage("gen"):
         last_values = sampler.value(obs)
       with clock.stage("train"):

@@ -2,13 +2,17 @@
 
 success_rate is the fraction of the last `window` finished episodes that
 succeeded at any step (RLinf's `success_once`); it is NaN while the task has
-no success signal or no episode has finished.
+no success signal or no episode has finished. With a `target`, the tracker
+notes the moment a full window first reached it, episode by episode as they
+finish: a run's time to success is then when its episodes got there, not when
+the next update or metrics row happened to look.
 """
 
 from __future__ import annotations
 
 import collections
 import threading
+import time
 
 import numpy as np
 
@@ -17,9 +21,11 @@ from sim_adapters.base import StepBatch
 
 class EpisodeTracker:
 
-  def __init__(self, num_envs: int, has_success: bool, window: int = 100):
+  def __init__(self, num_envs: int, has_success: bool, window: int = 100, target: float | None = None):
     self.window = window
     self.has_success = has_success
+    self.target = target
+    self.first_hit: float | None = None  # time.time() when a full window first reached target.
     self._ret = np.zeros(num_envs, np.float64)
     self._len = np.zeros(num_envs, np.int64)
     self._succ = np.zeros(num_envs, np.float32)
@@ -50,9 +56,17 @@ class EpisodeTracker:
       self._add_finished(returns, lengths, successes)
 
   def _add_finished(self, returns: np.ndarray, lengths: np.ndarray, successes: np.ndarray) -> None:
-    self.recent.extend(zip(np.asarray(returns).tolist(), np.asarray(lengths).tolist(),
-                           np.asarray(successes).tolist()))
-    self.episodes += len(returns)
+    episodes = list(zip(np.asarray(returns).tolist(), np.asarray(lengths).tolist(), np.asarray(successes).tolist()))
+    self.episodes += len(episodes)
+    if self.first_hit is not None or self.target is None or not self.has_success:
+      self.recent.extend(episodes)
+      return
+    for i, e in enumerate(episodes):  # One at a time: the window may get there mid-batch.
+      self.recent.append(e)
+      if len(self.recent) == self.window and sum(r[2] for r in self.recent) >= self.target * self.window:
+        self.first_hit = time.time()
+        self.recent.extend(episodes[i + 1:])
+        return
 
   def _mean(self, i: int) -> float:
     with self._lock:

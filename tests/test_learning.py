@@ -14,7 +14,7 @@ from launch.configs import default
 
 def test_sync_ppo_solves_reach(tmp_path):
   cfg = default.get_config()
-  cfg.total_env_steps = 400_000
+  cfg.total_env_steps = 300_000
   cfg.checkpoint_every_s = 1e9
   trainer = Trainer(cfg, str(tmp_path), progress=False)
   make_scheduler("sync", trainer).run(cfg.total_env_steps)
@@ -26,6 +26,11 @@ def test_sync_ppo_solves_reach(tmp_path):
   assert summary["time_to_success_s"] is not None
   # Success over a full window of 100 episodes needs at least 100 finished episodes' steps.
   assert 100 * 500 <= summary["env_steps_to_success"] <= summary["env_steps"]
+  # Every env's 500-step episodes end together (each followed by EnvPool's one auto-reset step):
+  # the window can only reach the target at the step an episode ends, and it is dated there, not
+  # at the end of the 128-step rollout that held it.
+  per_env, rest = divmod(summary["env_steps_to_success"], cfg.num_envs)
+  assert rest == 0 and (per_env + 1) % 501 == 0, summary["env_steps_to_success"]
   assert summary["nan_resets"] == 0 and summary["skipped_updates"] == 0
   # Reached and held: the last window is not far below the best one.
   assert summary["final_success_rate"] >= summary["best_success_rate"] - 0.1

@@ -31,8 +31,8 @@ def get_config() -> ml_collections.ConfigDict:
       # rewards ("chunk"), or their discounted sum with gamma^K between chunks ("action").
       reward_type="chunk",
   ))
-  c.num_envs = 32
-  c.rollout_length = 128  # T: steps per env between updates (32 x 128 = 4,096 samples per update).
+  c.num_envs = 64
+  c.rollout_length = 128  # T: steps per env between updates (64 x 128 = 8,192 samples per update).
   c.total_env_steps = 600_000
   c.target_success = 0.9
   c.seed = 0
@@ -40,7 +40,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.policy = ml_collections.ConfigDict(dict(
       name="mlp",
       hidden=(64, 64),
-      init_log_std=-0.5,
+      init_log_std=0.0,
       chunk_size=1,  # Actions per decision; every env executes its chunk and returns on its own.
       channels=(16, 32, 32),  # cnn: conv channels (strided 3x3 / 4x4 layers on 64x64 pixels).
       bins=256,  # vla: action token bins per dimension (OpenVLA).
@@ -61,10 +61,10 @@ def get_config() -> ml_collections.ConfigDict:
       vf_coef=0.5,
       ent_coef=0.0,
       normalize_advantages=True,
-      epochs=4,
-      num_minibatches=4,
+      epochs=10,
+      num_minibatches=8,
       learning_rate=3e-4,
-      lr_schedule="linear",  # To 0 over the updates total_env_steps pays for; or "constant".
+      lr_schedule="constant",  # Or "linear": to 0 over the updates total_env_steps pays for.
       max_grad_norm=0.5,
       # Stop an update's remaining minibatch steps once one measures approx KL > 1.5 * target_kl
       # (0 = every epoch runs).
@@ -72,7 +72,7 @@ def get_config() -> ml_collections.ConfigDict:
       reward_scale=0.1,
       # The critic predicts returns standardised by running statistics of its targets, whose
       # history weighs as at most value_norm_count samples.
-      value_norm=True,
+      value_norm=False,
       value_norm_count=100_000,
       # Off-policy correction of stale samples (scheduler=ebrl): "decoupled_ppo" or "vtrace".
       correction="decoupled_ppo",

@@ -27,7 +27,8 @@ CASES = {
                                 "scheduler 'pipelined' cannot drive device env 'mjx:CartpoleBalance'; "
                                 "valid: sync, ebrl, random"),
     "device_groups_split_an_update": (["--config.env.name=mjx:CartpoleBalance", "--config.scheduler=ebrl",
-                                       "--config.ebrl.segments_per_update=24"], "multiple of the 16 envs per group"),
+                                       "--config.num_envs=32", "--config.ebrl.segments_per_update=24"],
+                                      "multiple of the 16 envs per group"),
     "discrete_action_env": (["--config.env.name=Pong-v5"], "continuous"),
     "unwritable_workdir": (["--workdir=/proc/ebrl-run"], "/proc/ebrl-run"),
     "missing_config_file": (["--config=launch/configs/nope.py"], "nope.py"),
@@ -84,7 +85,7 @@ CASES = {
                            ("policy 'cnn' needs observation key(s) ['pixels']", "--config.env.from_pixels=True",
                             "--config.env.render_stage=True")),
     "grpo_on_async_scheduler": (["--config.algorithm.name=grpo", "--config.scheduler=ebrl"], "scheduler=sync"),
-    "grpo_group_not_dividing": (["--config.algorithm.name=grpo", "--config.algorithm.group_size=5"],
+    "grpo_group_not_dividing": (["--config.algorithm.name=grpo", "--config.num_envs=32", "--config.algorithm.group_size=5"],
                                 "group_size=5 must divide num_envs=32"),
     "missing_warm_start": (["--config.warm_start=nope"], "warm_start='nope'"),
     "render_stage_without_pixels": (["--config.env.render_stage=True"], "needs env.from_pixels=True"),

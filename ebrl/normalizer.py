@@ -66,4 +66,3 @@ def standardize(stats: RunningStats, x: jax.Array) -> jax.Array:
 
 def unstandardize(stats: RunningStats, y: jax.Array) -> jax.Array:
   return y * jnp.sqrt(stats.var[0] + 1e-8) + stats.mean[0]
-

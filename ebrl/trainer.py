@@ -320,9 +320,10 @@ class Trainer:
 
   def _note_success(self) -> None:
     """Takes the moment the episode window first reached the target (the tracker notes it as the
-    episodes finish), with the env steps taken by then, to within one step batch."""
+    episodes finish), with the env steps taken by then, to within one step batch. Every scheduler
+    hands a step's episodes to the tracker before it counts the step here."""
     hit = self.tracker.first_hit
-    if hit is not None and hit >= self.launch_time:
+    if hit is not None:
       self.time_to_success_s = self.prior_wall_s + hit - self.launch_time
       self.env_steps_to_success = self.env_steps
 
@@ -346,8 +347,6 @@ class Trainer:
     sr = self.tracker.success_rate
     if math.isfinite(sr):
       self.best_success_rate = sr if not math.isfinite(self.best_success_rate) else max(self.best_success_rate, sr)
-      if self.time_to_success_s is None:
-        self._note_success()
       if (self.time_to_success_s is None and self.tracker.window_full and sr >= self.cfg.target_success):
         self.time_to_success_s = self.wall_s()  # A window restored at the target (resume).
         self.env_steps_to_success = self.env_steps

@@ -213,15 +213,28 @@ def _cached(path: str, make) -> dict:
 # ----------------------------------------------------------------------------- report
 
 
+def median_time(runs: dict) -> float | None:
+  """Median time to target over seeds; a seed that never got there counts as later than any that
+  did (None when half or more never did). Two systems running the same algorithm differ per seed
+  by a whole batch of episodes, so the median says which is faster where one seed cannot."""
+  times = sorted(float("inf") if r["time_to_target_s"] is None else r["time_to_target_s"] for r in runs.values())
+  if not times:
+    return None
+  n = len(times)
+  mid = times[n // 2] if n % 2 else (times[n // 2 - 1] + times[n // 2]) / 2
+  return None if mid == float("inf") else mid
+
+
 def verdict(task_runs: dict, target: float) -> dict:
   """Per EBRL system, against the peer. A task the peer solves (any seed) needs every EBRL seed to
   reach the target no later in wall time than the peer's run of the same seed (run back to back;
   the peer's seed 0 where it ran one seed, and a peer seed that never reached it counts as 'no
-  later'), and to end at >= target."""
+  later'), and to end at >= target. The medians over seeds are reported beside it."""
   peer = task_runs.get("sb3", {})
   peer_times = {s: r["time_to_target_s"] for s, r in peer.items()}
   solved = [t for t in peer_times.values() if t is not None]
-  out = {"peer_solved": bool(solved), "peer_time_to_target_s": peer_times}
+  out = {"peer_solved": bool(solved), "peer_time_to_target_s": peer_times,
+         "peer_median_time_to_target_s": median_time(peer)}
   for system, runs in task_runs.items():
     if system == "sb3":
       continue
@@ -233,6 +246,7 @@ def verdict(task_runs: dict, target: float) -> dict:
     faster = reached and all(bar(s) is None or t <= bar(s) for s, t in times.items())
     out[system] = {"reached_every_seed": reached, "final_at_target_every_seed": held,
                    "no_later_than_peer": faster if solved else None,
+                   "median_time_to_target_s": median_time(runs),
                    "meets": (reached and held and faster) if solved else None}
   return out
 
@@ -319,7 +333,10 @@ def _print_table(results: dict, verdicts: dict) -> None:
   print()
   for task, v in verdicts.items():
     judged = {k: x["meets"] for k, x in v.items() if isinstance(x, dict) and "meets" in x}
-    print(f"{task}: peer solved {v['peer_solved']}; meets: {judged}")
+    medians = {k: x["median_time_to_target_s"] for k, x in v.items() if isinstance(x, dict) and "meets" in x}
+    medians["sb3"] = v["peer_median_time_to_target_s"]
+    shown = {k: None if m is None else round(m, 1) for k, m in medians.items()}
+    print(f"{task}: peer solved {v['peer_solved']}; meets: {judged}; median time to target (s): {shown}")
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ def test_verdict_needs_every_seed_to_reach_hold_and_beat_the_peer_run_of_its_see
   v = lb.verdict(good, 0.9)
   assert v["peer_solved"] and v["peer_time_to_target_s"] == {"0": 30.0, "1": 50.0}
   assert v["sync"]["meets"] is True
+  assert v["sync"]["median_time_to_target_s"] == 34.5 and v["peer_median_time_to_target_s"] == 40.0
   late = {"sync": {"0": _run(31.0, 0.95), "1": _run(20.0, 0.95)}, "sb3": peer}
   assert lb.verdict(late, 0.9)["sync"]["no_later_than_peer"] is False
   # One peer seed: every EBRL seed is held to it.
@@ -48,10 +49,14 @@ def test_verdict_needs_every_seed_to_reach_hold_and_beat_the_peer_run_of_its_see
   # A peer seed that never got there sets no time for that seed.
   miss = {"sync": {"0": _run(20.0, 0.95), "1": _run(90.0, 0.95)}, "sb3": {"0": _run(30.0, 0.95), "1": _run(None, 0.2)}}
   assert lb.verdict(miss, 0.9)["sync"]["meets"] is True
+  assert lb.verdict(miss, 0.9)["peer_median_time_to_target_s"] is None  # Half its seeds never got there.
   dropped = {"sync": {"0": _run(20.0, 0.95), "1": _run(25.0, 0.5)}, "sb3": peer}
   assert lb.verdict(dropped, 0.9)["sync"]["final_at_target_every_seed"] is False
   missed = {"sync": {"0": _run(None, 0.1), "1": _run(25.0, 0.95)}, "sb3": peer}
   assert lb.verdict(missed, 0.9)["sync"]["meets"] is False
+  # A seed that never got there is later than every seed that did.
+  assert lb.median_time({"0": _run(10.0, 1.0), "1": _run(None, 0.0), "2": _run(20.0, 1.0)}) == 20.0
+  assert lb.median_time({"0": _run(30.0, 1.0), "1": _run(None, 0.0), "2": _run(None, 0.0)}) is None
   # A task the peer never solves sets no bar (reported, not judged).
   unsolved = {"sync": {"0": _run(None, 0.0)}, "sb3": {"0": _run(None, 0.0)}}
   v = lb.verdict(unsolved, 0.9)

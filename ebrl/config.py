@@ -10,6 +10,7 @@ import math
 import os
 
 from ebrl.errors import UserError
+from ebrl.layout import RunLayout
 
 SCHEDULERS = ("sync", "pipelined", "ebrl", "random")
 # Device simulators (mjx:..., brax:...) have no host env stages to pipeline.
@@ -46,34 +47,6 @@ def _non_negative(name: str, value, note: str = "") -> None:
 def _integer_at_least(name: str, value, low: int, note: str = "") -> None:
   if not isinstance(value, int) or isinstance(value, bool) or value < low:
     raise UserError(f"{name}={value!r} must be an integer >= {low}{note}")
-
-
-def num_groups(cfg) -> int:
-  """How many env groups the scheduler drives.
-
-  ebrl.num_groups = 0 picks: 1 for MetaWorld/MT10, whose ten task pools already
-  run independently of each other (one receiver thread each), so splitting them
-  further only shrinks every pool's batches; 2 otherwise, so one group simulates
-  while the other's actions are generated.
-  """
-  if cfg.scheduler == "ebrl":
-    return cfg.ebrl.num_groups or (1 if cfg.env.name == "MetaWorld/MT10" else 2)
-  if cfg.scheduler == "pipelined":
-    return cfg.pipelined.num_stages
-  return 1
-
-
-def default_recv_batch(cfg, per_group: int) -> int:
-  """Envs an ebrl group's recv returns (ebrl.recv_batch = 0).
-
-  Half a group for one EnvPool: envs return in two waves that overlap the other
-  group's generation. MT10 splits the batch over its task pools in proportion;
-  there all but one env of each pool: the pools already return independently,
-  and bigger batches spend less Python time per env step.
-  """
-  if cfg.ebrl.recv_batch:
-    return cfg.ebrl.recv_batch
-  return max(1, per_group - 1 if cfg.env.name == "MetaWorld/MT10" else per_group // 2)
 
 
 def validate(cfg, num_devices: int) -> None:
@@ -116,7 +89,15 @@ def validate(cfg, num_devices: int) -> None:
   key = {"ebrl": "ebrl.num_groups", "pipelined": "pipelined.num_stages"}.get(cfg.scheduler)
   if cfg.scheduler == "ebrl" and (not isinstance(cfg.ebrl.num_groups, int) or cfg.ebrl.num_groups < 0):
     raise UserError(f"ebrl.num_groups={cfg.ebrl.num_groups!r} must be an integer >= 0 (0 = auto)")
-  groups = num_groups(cfg)
+  if cfg.scheduler == "ebrl":  # Every size the layout derives from must be a count first.
+    for name in ("max_gen_batch", "segments_per_update", "recv_batch"):
+      _integer_at_least(f"ebrl.{name}", cfg.ebrl[name], 0, " (0 = auto)")
+  if cfg.scheduler == "pipelined":
+    _integer_at_least("pipelined.num_stages", cfg.pipelined.num_stages, 1)
+  _check_chunks(cfg, device)
+  _integer_at_least("env.num_threads", cfg.env.num_threads, 0, " (0 = one per usable core)")
+  layout = RunLayout.from_config(cfg, device_env=device)
+  groups = layout.num_groups
   if key:
     _positive(key, groups)
     if cfg.num_envs % groups:
@@ -128,13 +109,11 @@ def validate(cfg, num_devices: int) -> None:
     e = cfg.ebrl
     if not isinstance(e.max_staleness, int) or e.max_staleness < 0:
       raise UserError(f"ebrl.max_staleness={e.max_staleness!r} must be an integer >= 0")
-    per_group = cfg.num_envs // groups
+    per_group = layout.envs_per_group
     if e.recv_batch < 0 or e.recv_batch >= per_group:
       raise UserError(f"ebrl.recv_batch={e.recv_batch} must be in [0, {per_group}) (envs per group; 0 = auto)")
-    for name in ("max_gen_batch", "segments_per_update"):
-      _integer_at_least(f"ebrl.{name}", e[name], 0, " (0 = auto)")
     _non_negative("ebrl.max_wait_ms", e.max_wait_ms)
-    segments = e.segments_per_update or cfg.num_envs
+    segments = layout.segments_per_update
     if (segments * cfg.rollout_length) % cfg.algorithm.num_minibatches:
       raise UserError(f"algorithm.num_minibatches={cfg.algorithm.num_minibatches} must divide "
                       f"ebrl.segments_per_update * rollout_length = {segments * cfg.rollout_length}")
@@ -149,7 +128,6 @@ def validate(cfg, num_devices: int) -> None:
   _check_run(cfg)
   _check_env(cfg)
   _check_resources(cfg, device)
-  _check_chunks(cfg, device)
   _check_render_stage(cfg)
   _check_policy(cfg)
   _check_grpo_and_warm_start(cfg, device)

@@ -76,6 +76,22 @@ class LearnerConfig:
   group_size: int = 1
   ppo: PPOConfig = PPOConfig()
 
+  @classmethod
+  def from_config(cls, cfg, layout) -> "LearnerConfig":
+    """A run's learner settings: `cfg.algorithm`, with the per-transition discount and the update
+    count from its RunLayout (ebrl/layout.py)."""
+    a = cfg.algorithm
+    return cls(
+        gamma=layout.gamma, gae_lambda=a.gae_lambda, epochs=a.epochs, num_minibatches=a.num_minibatches,
+        learning_rate=a.learning_rate, lr_schedule=a.lr_schedule, total_updates=layout.total_updates,
+        max_grad_norm=a.max_grad_norm, target_kl=a.target_kl, reward_scale=a.reward_scale,
+        value_norm=a.value_norm, value_norm_count=float(a.value_norm_count), max_staleness=cfg.ebrl.max_staleness,
+        algorithm=a.name, group_size=a.group_size,
+        correction=a.correction, vtrace_rho_clip=a.vtrace_rho_clip, vtrace_c_clip=a.vtrace_c_clip,
+        ppo=PPOConfig(clip_eps=a.clip_eps, value_clip_eps=a.value_clip_eps, vf_coef=a.vf_coef,
+                      ent_coef=a.ent_coef, normalize_advantages=a.normalize_advantages,
+                      behaviour_weight_clip=a.behaviour_weight_clip))
+
 
 def learning_rate_schedule(cfg: LearnerConfig) -> optax.Schedule:
   """The rate of update u (the policy version it starts from), the same for every Adam step of

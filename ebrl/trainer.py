@@ -21,11 +21,10 @@ import numpy as np
 import tqdm
 
 from ebrl import config as config_lib
-from ebrl import layout
 from ebrl import workdir as workdir_lib
-from ebrl.algorithms.ppo import PPOConfig
 from ebrl.checkpointing import Checkpointer
 from ebrl.errors import UserError
+from ebrl.layout import RunLayout
 from ebrl.learner import Learner, LearnerConfig
 from ebrl.sampler import Sampler
 from ebrl.telemetry import plots
@@ -37,29 +36,6 @@ from policies import IncompatibleObservationError, make_policy
 from policies.base import action_size
 from sim_adapters import is_device_env, make_env_groups
 from sim_adapters.envpool_adapter import UnsupportedEnvError
-
-
-def learner_config(cfg) -> LearnerConfig:
-  a = cfg.algorithm
-  return LearnerConfig(
-      gamma=chunk_gamma(cfg), gae_lambda=a.gae_lambda, epochs=a.epochs, num_minibatches=a.num_minibatches,
-      learning_rate=a.learning_rate, lr_schedule=a.lr_schedule,
-      total_updates=layout.total_updates(cfg, cfg.total_env_steps),
-      max_grad_norm=a.max_grad_norm, target_kl=a.target_kl, reward_scale=a.reward_scale,
-      value_norm=a.value_norm, value_norm_count=float(a.value_norm_count), max_staleness=cfg.ebrl.max_staleness,
-      algorithm=a.name, group_size=a.group_size,
-      correction=a.correction, vtrace_rho_clip=a.vtrace_rho_clip, vtrace_c_clip=a.vtrace_c_clip,
-      ppo=PPOConfig(clip_eps=a.clip_eps, value_clip_eps=a.value_clip_eps, vf_coef=a.vf_coef,
-                    ent_coef=a.ent_coef, normalize_advantages=a.normalize_advantages,
-                    behaviour_weight_clip=a.behaviour_weight_clip))
-
-
-def chunk_gamma(cfg) -> float:
-  """The learner's discount per transition. One transition is one chunk of K actions; with
-  reward_type=action the chunk's reward is already discounted per action, so the next chunk is
-  K actions away: gamma^K (the semi-MDP view). reward_type=chunk treats a chunk as one step."""
-  k = cfg.policy.chunk_size
-  return cfg.algorithm.gamma ** k if k > 1 and cfg.env.reward_type == "action" else cfg.algorithm.gamma
 
 
 def _finite_or_none(x: float):
@@ -118,24 +94,20 @@ class Trainer:
     # preempted N times does not replay its first episodes N times.
     resume_meta = _latest_meta(os.path.join(self.workdir, "checkpoints")) if cfg.resume else None
     self.env_seed = launch_env_seed(cfg.seed, int(resume_meta["env_steps"]) if resume_meta else 0)
-    num_groups = config_lib.num_groups(cfg)
-    self.recv_batch = None
+    device_env = is_device_env(cfg.env.name)
     self.resources = None  # The ebrl scheduler's ResourceManager (host envs).
-    if cfg.scheduler == "ebrl":
-      self.recv_batch = config_lib.default_recv_batch(cfg, cfg.num_envs // num_groups)
-      if cfg.resources != "off":
-        from ebrl.resources.manager import ResourceManager
-        try:
-          self.resources = ResourceManager(cfg, log=tqdm.tqdm.write if progress else (lambda m: None))
-        except ValueError as e:
-          raise UserError(str(e)) from None
-        num_groups, self.recv_batch = self.resources.plan.num_groups, self.resources.plan.recv_batch
-    self.num_groups = num_groups
+    if cfg.scheduler == "ebrl" and cfg.resources != "off":
+      from ebrl.resources.manager import ResourceManager
+      try:
+        self.resources = ResourceManager(cfg, log=tqdm.tqdm.write if progress else (lambda m: None))
+      except ValueError as e:
+        raise UserError(str(e)) from None
+    self.layout = RunLayout.from_config(cfg, self.resources.plan if self.resources else None, device_env)
     self.device_sim = None
-    if is_device_env(cfg.env.name):
-      self._build_device_sim(cfg, num_groups)
+    if device_env:
+      self._build_device_sim(cfg, self.layout)
     else:
-      self._build_host_groups(cfg, num_groups)
+      self._build_host_groups(cfg, self.layout)
     self.spec = self.adapter.spec
     try:
       self.policy = make_policy(cfg.policy.name, self.spec, cfg.policy)
@@ -145,7 +117,7 @@ class Trainer:
     workdir_lib.write_config(self.workdir, cfg)
 
     self.action_size = action_size(self.policy, self.spec)
-    self.learner = Learner(self.policy, learner_config(cfg))
+    self.learner = Learner(self.policy, LearnerConfig.from_config(cfg, self.layout))
     self.sampler = Sampler(self.policy, self.spec, seed=cfg.seed + 1)
     self.tracker = EpisodeTracker(cfg.num_envs, self.spec.has_success, target=cfg.target_success)
     self.tracer = Tracer()
@@ -190,19 +162,17 @@ class Trainer:
     self.bar = tqdm.tqdm(total=cfg.total_env_steps, initial=self.env_steps, unit="step", unit_scale=True,
                          mininterval=1.0, dynamic_ncols=True, disable=not progress)
 
-  def _build_host_groups(self, cfg, num_groups: int) -> None:
+  def _build_host_groups(self, cfg, layout: RunLayout) -> None:
     """EnvPool env groups (host simulators) for the sync / pipelined / ebrl schedulers."""
-    threads, placement = cfg.env.num_threads, {}
-    adopt = contextlib.nullcontext()
-    if self.resources is not None:  # The plan sizes EnvPool; its workers are pinned to the sim quota.
-      plan = self.resources.plan
-      threads = plan.sim_threads * (num_groups if num_groups > 1 else 1)
-      placement = {"thread_affinity_offset": plan.thread_affinity_offset}
+    placement, adopt = {}, contextlib.nullcontext()
+    if self.resources is not None:  # EnvPool's workers are pinned to the plan's sim quota.
+      placement = {"thread_affinity_offset": layout.thread_affinity_offset}
       adopt = self.resources.adopt("sim")
     try:
       with adopt:
         self.groups = make_env_groups(
-            cfg.env.name, cfg.num_envs, num_groups, recv_batch=self.recv_batch, num_threads=threads,
+            cfg.env.name, layout.num_groups, layout.envs_per_group, recv_batch=layout.recv_batch,
+            num_threads=layout.sim_threads,
             seed=self.env_seed, max_episode_steps=cfg.env.max_episode_steps, from_pixels=cfg.env.from_pixels,
             render_size=cfg.env.render_size, straggler_fraction=cfg.env.straggler_fraction,
             straggler_slowdown=cfg.env.straggler_slowdown,
@@ -220,7 +190,7 @@ class Trainer:
     # One group is the plain single-adapter case the sync and random schedulers drive.
     self.adapter = self.groups[0] if len(self.groups) == 1 else self.groups
 
-  def _build_device_sim(self, cfg, num_groups: int) -> None:
+  def _build_device_sim(self, cfg, layout: RunLayout) -> None:
     """One DeviceSim over every local device, driven by the fused rollout (ebrl/scheduler/device.py).
 
     With scheduler=ebrl it holds one env group (num_envs / num_groups envs); each group is its own
@@ -235,7 +205,7 @@ class Trainer:
       if value:
         raise UserError(f"{key}={value!r} is not supported for device env '{cfg.env.name}' (host envs only)")
     try:
-      self.device_sim = make_device_sim(cfg.env.name, cfg.num_envs // num_groups,
+      self.device_sim = make_device_sim(cfg.env.name, layout.envs_per_group,
                                         max_episode_steps=cfg.env.max_episode_steps, mesh=make_sim_mesh())
     except (ValueError, RuntimeError) as e:
       raise UserError(str(e)) from None
@@ -335,7 +305,7 @@ class Trainer:
       return True
     if self.cfg.scheduler == "random":
       return self.env_steps >= total_env_steps
-    return self.updates_done >= layout.total_updates(self.cfg, total_env_steps)
+    return self.updates_done >= self.layout.updates_for(total_env_steps)
 
   def after_update(self, metrics: dict) -> None:
     now = time.time()

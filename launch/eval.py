@@ -48,9 +48,10 @@ def _restore(workdir: str, cfg, policy):
   from ebrl.checkpointing import Checkpointer
   from ebrl.errors import UserError
   from ebrl.learner import init_train_state
-  from ebrl.trainer import learner_config
+  from ebrl.layout import RunLayout
+  from ebrl.learner import LearnerConfig
 
-  template = init_train_state(policy, learner_config(cfg), jax.random.PRNGKey(0))
+  template = init_train_state(policy, LearnerConfig.from_config(cfg, RunLayout.from_config(cfg)), jax.random.PRNGKey(0))
   ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), warn=lambda m: None)
   try:
     restored = ckpt.restore_latest(template)

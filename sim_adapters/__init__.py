@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import os
 
 from sim_adapters.base import EnvSpec, ObsSpec, SimAdapter, StepBatch
 
@@ -129,22 +128,18 @@ def make_adapter(name: str, num_envs: int, *, batch_size: int | None = None, num
   return adapter
 
 
-def make_env_groups(name: str, num_envs: int, num_groups: int = 1, *, recv_batch: int | None = None,
+def make_env_groups(name: str, num_groups: int, envs_per_group: int, *, recv_batch: int | None = None,
                     num_threads: int = 0, seed: int = 0, **kwargs):
-  """Splits num_envs over num_groups adapters (sync mode unless recv_batch < envs per group).
+  """num_groups adapters of envs_per_group envs each (sync mode unless recv_batch < envs_per_group).
 
-  Each group gets its own seed and an equal share of the worker threads, so the
-  groups together use the same cores one adapter would.
+  Each group gets its own seed and `num_threads` EnvPool workers (the run's RunLayout gives a
+  share of the cores to each group, so the groups together use the cores one adapter would).
   """
   from sim_adapters.groups import EnvGroups
 
-  per_group = num_envs // num_groups
-  threads = num_threads if num_threads > 0 else len(os.sched_getaffinity(0))
-  per_threads = max(1, threads // num_groups)
-  batch = recv_batch if recv_batch and recv_batch < per_group else None
+  batch = recv_batch if recv_batch and recv_batch < envs_per_group else None
   return EnvGroups([
-      make_adapter(name, per_group, batch_size=batch, num_threads=per_threads if num_groups > 1 else num_threads,
-                   seed=seed + 7919 * g, **kwargs)
+      make_adapter(name, envs_per_group, batch_size=batch, num_threads=num_threads, seed=seed + 7919 * g, **kwargs)
       for g in range(num_groups)
   ])
 

@@ -23,7 +23,7 @@ from ebrl.checkpointing import Checkpointer
 from ebrl.errors import UserError
 from ebrl.learner import learning_rate_schedule
 from ebrl.scheduler import make_scheduler
-from ebrl.trainer import Trainer, learner_config
+from ebrl.trainer import Trainer
 from launch.configs import default
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -244,7 +244,7 @@ def test_linear_schedule_reaches_its_last_value_on_the_last_update(name, tmp_pat
   trainer.update_hooks.append(lambda t: seen.append(float(t._last_metrics["learning_rate"])))  # pylint: disable=protected-access
   make_scheduler(cfg.scheduler, trainer).run(cfg.total_env_steps)
   summary = trainer.finish()
-  lc = learner_config(cfg)
+  lc = trainer.learner.cfg
   assert lc.total_updates == 5 and summary["policy_version"] == 5 and len(seen) == 5
   # Start-up is reported in order: imports, built, first env steps, first update.
   marks = summary["startup_s"]

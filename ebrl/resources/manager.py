@@ -20,7 +20,7 @@ import os
 import time
 from typing import Callable
 
-from ebrl import config as config_lib
+from ebrl.layout import RunLayout
 from ebrl.resources import planner, profiler
 from ebrl.resources.controller import CPU, Controller, Decision, Telemetry
 from ebrl.resources.enforce import MESA_THREAD_PREFIX, Enforcer, format_cores, parse_cores
@@ -65,8 +65,9 @@ class ResourceManager:
     self.inventory = inventory or take_inventory()
     cores = self.inventory.cpu_cores
     self.shape = planner.RunShape.from_config(cfg)
-    groups = config_lib.num_groups(cfg)
-    recv = config_lib.default_recv_batch(cfg, cfg.num_envs // groups)
+    # The config's own layout: what naive and manual plans keep (auto chooses its own).
+    base = RunLayout.from_config(cfg)
+    groups, recv = base.num_groups, base.recv_batch
     notes = (gpu_note(self.inventory),)
     self.profile: profiler.Profile | None = None
     if cfg.quotas.profile:

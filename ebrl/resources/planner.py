@@ -32,6 +32,7 @@ import dataclasses
 import math
 from typing import Iterable
 
+from ebrl.layout import RunLayout, envs_per_group
 from ebrl.resources.plan import STAGES, GpuSplit, Plan
 from ebrl.resources.profiler import Profile
 
@@ -50,7 +51,7 @@ class RunShape:
   @classmethod
   def from_config(cls, cfg) -> "RunShape":
     return cls(num_envs=cfg.num_envs, multitask=cfg.env.name == "MetaWorld/MT10",
-               rollout_length=cfg.rollout_length, segments_per_update=cfg.ebrl.segments_per_update or cfg.num_envs,
+               rollout_length=cfg.rollout_length, segments_per_update=RunLayout.from_config(cfg).segments_per_update,
                num_minibatches=cfg.algorithm.num_minibatches, max_wait_ms=cfg.ebrl.max_wait_ms,
                render_stage=bool(cfg.env.render_stage))
 
@@ -132,7 +133,7 @@ def _group_choices(shape: RunShape) -> list[int]:
   if shape.multitask:
     # MT10's pools return independently already; a second group halves every pool's batch.
     return [g for g in (1, 2) if shape.num_envs >= 10 * g and shape.num_envs % g == 0][:1]
-  return [g for g in (1, 2, 4) if shape.num_envs % g == 0 and shape.num_envs // g >= 2]
+  return [g for g in (1, 2, 4) if shape.num_envs % g == 0 and envs_per_group(shape.num_envs, g) >= 2]
 
 
 def _in_flight_need(shape: RunShape, cores: tuple[int, ...]) -> int:
@@ -188,7 +189,7 @@ def plan_auto(profile: Profile, cores: tuple[int, ...], shape: RunShape, notes: 
   """
   best, best_key = None, None
   for groups in ([fixed[0]] if fixed else _group_choices(shape)):
-    per_group = shape.num_envs // groups
+    per_group = envs_per_group(shape.num_envs, groups)
     for recv in ([fixed[1]] if fixed else _recv_choices(per_group, groups, _in_flight_need(shape, cores))):
       for order, (_, layout) in enumerate(_layouts(cores, render=bool(profile.render))):
         plan = _make("auto", profile, shape, layout, groups, recv, notes)

@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from ebrl.layout import RunLayout
 from ebrl.resources.inventory import Inventory
 
 _WARMUP_S = 0.2
@@ -40,7 +41,7 @@ def run_shape(cfg) -> dict[str, Any]:
           "render_stage": bool(cfg.env.render_stage), "chunk_size": int(cfg.policy.chunk_size),
           "render_size": int(cfg.env.render_size), "policy": cfg.policy.name,
           "hidden": [int(h) for h in cfg.policy.hidden], "rollout_length": int(cfg.rollout_length),
-          "segments_per_update": int(cfg.ebrl.segments_per_update or cfg.num_envs),
+          "segments_per_update": int(RunLayout.from_config(cfg).segments_per_update),
           "epochs": int(cfg.algorithm.epochs), "num_minibatches": int(cfg.algorithm.num_minibatches),
           "correction": cfg.algorithm.correction}
 
@@ -407,7 +408,7 @@ def measure(cfg, inventory: Inventory, *, policy=None, spec=None, full: bool = F
 
   from ebrl.learner import Learner
   from ebrl.sampler import Sampler
-  from ebrl.trainer import learner_config
+  from ebrl.learner import LearnerConfig
   from policies import make_policy
 
   t0 = time.perf_counter()
@@ -438,12 +439,13 @@ def measure(cfg, inventory: Inventory, *, policy=None, spec=None, full: bool = F
     spec = probe.spec
     probe.close()
   policy = policy or make_policy(cfg.policy.name, spec, cfg.policy)
-  learner = Learner(policy, learner_config(cfg))
+  layout = RunLayout.from_config(cfg)
+  learner = Learner(policy, LearnerConfig.from_config(cfg, layout))
   sampler = Sampler(policy, spec, seed=0)
   sampler.set_params(learner.init(jax.random.PRNGKey(0)).params, 0)
   log(f"[profile] gen: batches {_pow2_upto(n)}")
   gen = measure_gen(sampler, spec, _pow2_upto(n), seconds / 2)
-  segments = cfg.ebrl.segments_per_update or n
+  segments = layout.segments_per_update
   sizes = sorted({segments, max(1, segments // 2)}) if full else [segments]
   log(f"[profile] train: {[s * cfg.rollout_length for s in sizes]} samples per update")
   train = measure_train(learner, spec, cfg.rollout_length, sizes, max(seconds, 1.0))

@@ -79,13 +79,13 @@ class AsyncScheduler:
     cfg = t.cfg.ebrl
     self.groups = t.groups
     # Default: every group's ready batch at once, so a full batch never waits out max_wait.
-    self.max_gen_batch = cfg.max_gen_batch or t.recv_batch * len(self.groups)
+    self.max_gen_batch = t.layout.max_gen_batch
     self.max_wait_s = cfg.max_wait_ms / 1000.0
     self.resources = t.resources  # Pins each stage's thread to its quota; re-plans reach us below.
     if self.resources is not None:
       self._apply_plan(self.resources.plan)
       self.resources.listeners.append(self._apply_plan)
-    self.queue = TrajectoryQueue(cfg.segments_per_update or t.cfg.num_envs, cfg.max_staleness)
+    self.queue = TrajectoryQueue(t.layout.segments_per_update, cfg.max_staleness)
     self.assembler = TrajectoryAssembler(t.spec, t.cfg.num_envs, t.cfg.rollout_length,
                                          lambda seg: self.queue.put(seg, seg.start_version, seg.forced),
                                          t.action_size)
@@ -101,7 +101,8 @@ class AsyncScheduler:
 
   def _apply_plan(self, plan) -> None:
     """A plan's generation batch (read by the sampler loop on its next batch)."""
-    self.max_gen_batch = self.t.cfg.ebrl.max_gen_batch or plan.max_gen_batch
+    if not self.t.layout.gen_batch_fixed:
+      self.max_gen_batch = plan.max_gen_batch
     self.max_wait_s = plan.max_wait_ms / 1000.0
 
   def _pin(self, stage: str) -> None:

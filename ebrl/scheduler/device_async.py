@@ -96,10 +96,10 @@ class DeviceAsyncScheduler:
   def __init__(self, trainer):
     t = self.t = trainer
     self.sim: DeviceSim = t.device_sim
-    self.num_groups = t.num_groups
-    per_group = self.sim.num_envs
-    chex.assert_equal(per_group * self.num_groups, t.cfg.num_envs)
-    segments = t.cfg.ebrl.segments_per_update or t.cfg.num_envs
+    self.num_groups = t.layout.num_groups
+    per_group = t.layout.envs_per_group
+    chex.assert_equal(self.sim.num_envs, per_group)
+    segments = t.layout.segments_per_update
     if segments % per_group:  # ebrl/config.py rejects this first; kept for direct construction.
       raise ValueError(f"ebrl.segments_per_update={segments} must be a multiple of the {per_group} envs per group")
     self.queue = TrajectoryQueue(segments // per_group, t.cfg.ebrl.max_staleness)

@@ -16,7 +16,6 @@ import dataclasses
 import math
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from ebrl.errors import UserError
@@ -126,19 +125,21 @@ class HostRunner:
     self.spec, self.n, self.seed = self.adapter.spec, n, seed
 
   def run(self, policy, params) -> dict:
+    from ebrl.acting import host_step
+    from ebrl.param_store import ParamStore
     from ebrl.sampler import Sampler
-    from sim_adapters.envpool_adapter import gather_all
+    from sim_adapters.base import gather_all
 
-    sampler = Sampler(policy, self.spec, seed=self.seed)
-    sampler.set_params(params, 0)
+    store = ParamStore()
+    store.publish_params(params, 0)
+    sampler = Sampler(policy, self.spec, store, seed=self.seed)
     first = FirstEpisodes(self.n)
     ret, length, succ = np.zeros(self.n), np.zeros(self.n, np.int64), np.zeros(self.n)
     self.adapter.reset()
     obs = gather_all(self.adapter, self.n).obs
     try:
       while not first.complete:
-        acts, _ = sampler.act(obs)
-        b = self.adapter.step(acts.env_action)
+        _, _, b = host_step(sampler, self.adapter, obs)
         real = ~b.reset_step
         ret += np.where(real, b.reward, 0.0)
         length += real
@@ -161,15 +162,16 @@ class DeviceRunner:
     self.spec, self.n, self.seed = self.sim.spec, n, seed
 
   def run(self, policy, params) -> dict:
+    from ebrl.acting import device_policy_step
+
     sim = self.sim
-    low, high = jnp.asarray(self.spec.action_low), jnp.asarray(self.spec.action_high)
     chunk = min(100, self.spec.max_episode_steps)
+    act_and_step = device_policy_step(sim, policy)
 
     @jax.jit
     def steps(state, key):
       def body(state, k):
-        action = policy.sample(params, state.obs, k)[0]
-        state = sim._step(state, jnp.clip(action, low, high))  # pylint: disable=protected-access
+        state, _ = act_and_step(params, state, k)
         return state, (state.done, state.done_return, state.done_length, state.done_success)
       return jax.lax.scan(body, state, jax.random.split(key, chunk))
 

@@ -1,7 +1,8 @@
-"""Batched action generation from versioned params.
+"""Batched action generation from the run's ParamStore.
 
-The sampler keeps (params, version) and one jitted `act`; any batch size of
-ready envs can be served (each new size compiles once). The PRNG key of a call
+The sampler reads the newest (params, version) from the store at every call
+and keeps one jitted `act`; any batch size of ready envs can be served (each
+new size compiles once). The PRNG key of a call
 is derived inside the jit from a base key and a call counter, so a call costs a
 single dispatch. Actions come back raw (for the log-prob) and clipped to the
 env's bounds (for the simulator).
@@ -16,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ebrl.param_store import ParamStore
 from policies.base import Policy, action_size
 from sim_adapters.base import EnvSpec
 
@@ -29,8 +31,9 @@ class Actions(NamedTuple):
 
 class Sampler:
 
-  def __init__(self, policy: Policy, spec: EnvSpec, seed: int = 0):
+  def __init__(self, policy: Policy, spec: EnvSpec, params: ParamStore, seed: int = 0):
     self.policy = policy
+    self.params = params
     low, high = jnp.asarray(spec.action_low), jnp.asarray(spec.action_high)
 
     a = spec.action_dim
@@ -45,14 +48,7 @@ class Sampler:
         params, obs, jnp.zeros(obs[next(iter(obs))].shape[:1] + (action_size(policy, spec),)))[2])
     self._key = jax.random.key(seed)
     self._counter = 0
-    self._lock = threading.Lock()
-    self.params = None
-    self.version = -1
-
-  def set_params(self, params, version: int) -> None:
-    """Publishes new params; the next `act` uses them (no waiting)."""
-    with self._lock:
-      self.params, self.version = params, int(version)
+    self._lock = threading.Lock()  # Guards the call counter (the key sequence).
 
   def act(self, obs: dict[str, np.ndarray], pad: bool = False) -> tuple[Actions, int]:
     """Returns the actions for obs and the version of the params that made them.
@@ -60,8 +56,8 @@ class Sampler:
     pad=True rounds the batch up to a power of two, so batches of ready envs of
     any size share a few compiled shapes.
     """
+    params, version = self.params.latest()
     with self._lock:
-      params, version = self.params, self.version
       self._counter += 1
       counter = self._counter
     n = next(iter(obs.values())).shape[0]
@@ -75,11 +71,16 @@ class Sampler:
   def calls(self) -> int:
     return self._counter
 
+  def take_call(self) -> int:
+    """Numbers a call made elsewhere (a device collect draws its key from it), so every key of a
+    run, resumed or not, comes from one sequence."""
+    with self._lock:
+      self._counter += 1
+      return self._counter - 1
+
   def restore_counter(self, calls: int) -> None:
     """Continues the key sequence of an earlier run (resume)."""
     self._counter = calls
 
   def value(self, obs: dict[str, np.ndarray]) -> np.ndarray:
-    with self._lock:
-      params = self.params
-    return np.asarray(self._value(params, obs))
+    return np.asarray(self._value(self.params.latest()[0], obs))

@@ -26,7 +26,10 @@ from ebrl.checkpointing import Checkpointer
 from ebrl.errors import UserError
 from ebrl.layout import RunLayout
 from ebrl.learner import Learner, LearnerConfig
+from ebrl.param_store import ParamStore, with_value_stats
 from ebrl.sampler import Sampler
+from ebrl.scheduler import make_scheduler
+from ebrl.scheduler.context import RunContext, RunLog
 from ebrl.telemetry import plots
 from ebrl.telemetry.episodes import EpisodeTracker
 from ebrl.telemetry.stages import StageClock
@@ -118,7 +121,8 @@ class Trainer:
 
     self.action_size = action_size(self.policy, self.spec)
     self.learner = Learner(self.policy, LearnerConfig.from_config(cfg, self.layout))
-    self.sampler = Sampler(self.policy, self.spec, seed=cfg.seed + 1)
+    self.params = self._param_store()
+    self.sampler = Sampler(self.policy, self.spec, self.params, seed=cfg.seed + 1)
     self.tracker = EpisodeTracker(cfg.num_envs, self.spec.has_success, target=cfg.target_success)
     self.tracer = Tracer()
     self.clock = StageClock(self.tracer)
@@ -142,7 +146,7 @@ class Trainer:
       tqdm.tqdm.write(f"warm start from {cfg.warm_start} not applied: the restored checkpoint's params win")
     elif cfg.warm_start:  # Whenever no checkpoint was restored (also a first launch with resume=True).
       self._warm_start(cfg.warm_start)
-    self.sampler.set_params(self.state.params, int(self.state.version))
+    self.params.publish(self.state)
     # Updates made so far, as a Python int any thread may read (the state itself is donated to
     # each update while the learner thread runs it).
     self.updates_done = int(self.state.version)
@@ -161,6 +165,33 @@ class Trainer:
     self.update_hooks: list = []  # Called as hook(trainer) after every update.
     self.bar = tqdm.tqdm(total=cfg.total_env_steps, initial=self.env_steps, unit="step", unit_scale=True,
                          mininterval=1.0, dynamic_ncols=True, disable=not progress)
+
+  def _param_store(self) -> ParamStore:
+    """Host acting reads the policy params; device collects also the value statistics, replicated
+    on the simulator's mesh."""
+    if self.device_sim is None:
+      return ParamStore()
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    mesh = self.device_sim.mesh
+    place = None if mesh is None else (lambda params: jax.device_put(params, NamedSharding(mesh, P())))
+    return ParamStore(select=with_value_stats, place=place)
+
+  def run_context(self) -> RunContext:
+    """What the scheduler drives and reports to (ebrl/scheduler/context.py)."""
+    cfg = self.cfg
+    return RunContext(
+        layout=self.layout, spec=self.spec, action_size=self.action_size, policy=self.policy,
+        sampler=self.sampler, learner=self.learner, params=self.params, clock=self.clock, tracker=self.tracker,
+        log=RunLog(add_env_steps=self.add_env_steps, after_update=self.after_update, should_stop=self.should_stop,
+                   note_force_started=self.note_force_started),
+        host_envs=self.groups, device_sim=self.device_sim, seed=cfg.seed, env_seed=self.env_seed,
+        max_staleness=cfg.ebrl.max_staleness, max_wait_s=cfg.ebrl.max_wait_ms / 1000.0, resources=self.resources)
+
+  def train(self, total_env_steps: int | None = None) -> None:
+    """Runs the config's scheduler from the current state until the budget (default the config's)
+    is spent or a stop is requested; `finish` then writes the outputs."""
+    scheduler = make_scheduler(self.cfg.scheduler, self.run_context())
+    self.state = scheduler.run(self.state, self.cfg.total_env_steps if total_env_steps is None else total_env_steps)
 
   def _build_host_groups(self, cfg, layout: RunLayout) -> None:
     """EnvPool env groups (host simulators) for the sync / pipelined / ebrl schedulers."""
@@ -307,11 +338,15 @@ class Trainer:
       return self.env_steps >= total_env_steps
     return self.updates_done >= self.layout.updates_for(total_env_steps)
 
-  def after_update(self, metrics: dict) -> None:
+  def note_force_started(self, n: int) -> None:
+    self.force_started += n
+
+  def after_update(self, state, metrics: dict) -> None:
     now = time.time()
     if "first_update" not in self.startup_s:
       self.startup_s["first_update"] = now - self.launch_time
-    self.updates_done = int(self.state.version)
+    self.state = state
+    self.updates_done = int(state.version)
     if "stale_dropped" in metrics:
       self.stale_dropped += int(metrics["stale_dropped"])
     sr = self.tracker.success_rate

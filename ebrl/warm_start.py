@@ -213,7 +213,7 @@ def record_demos(adapter, act_fn: Callable[[dict], np.ndarray], num_steps: int) 
   Keeps the (obs, action) pairs of real transitions: a step answered by an
   automatic reset ignored its action and is dropped.
   """
-  from sim_adapters.envpool_adapter import gather_all  # pylint: disable=g-import-not-at-top
+  from sim_adapters.base import gather_all  # pylint: disable=g-import-not-at-top
 
   adapter.reset()
   obs = gather_all(adapter, adapter.num_envs).obs

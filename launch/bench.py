@@ -119,8 +119,8 @@ def run_one(name: str, base_cfg, workdir: str) -> dict:
   trainer = Trainer(cfg, workdir, progress=False)
   window = _Window(_WARMUP.value, _SECONDS.value)
   trainer.update_hooks.append(window)
-  scheduler = make_scheduler(cfg.scheduler, trainer)
-  scheduler.run(cfg.total_env_steps)
+  scheduler = make_scheduler(cfg.scheduler, trainer.run_context())
+  scheduler.run(trainer.state, cfg.total_env_steps)  # Each update's state reaches the trainer.
   end = _mark(trainer)
   if window.start is None:
     raise RuntimeError(f"scheduler {name} ended before its warm-up finished")

@@ -38,16 +38,14 @@ def main(argv: list[str]) -> None:
     common.fail("--config.resume=True continues the run in --workdir; pass --workdir=<the run's directory>")
   common.enable_compilation_cache()
   from ebrl import interrupts  # pylint: disable=g-import-not-at-top
-  from ebrl.scheduler import make_scheduler
   from ebrl.trainer import Trainer
 
   workdir = _WORKDIR.value or default_workdir(cfg)
   trainer = Trainer(cfg, workdir, launch_time=LAUNCH_TIME, progress=_PROGRESS.value)
-  scheduler = make_scheduler(cfg.scheduler, trainer)
   print(f"training {cfg.env.name} ({cfg.policy.name}, {cfg.scheduler}) in {trainer.workdir}", flush=True)
   with interrupts.stop_on_signals(trainer.stop_requested):
     try:
-      scheduler.run(cfg.total_env_steps)
+      trainer.train()
     except KeyboardInterrupt:  # Only where no signal handler could be installed.
       print("interrupted; saving a checkpoint and the summary")
     summary = trainer.finish()

@@ -87,6 +87,24 @@ def concat_batches(batches: list[StepBatch]) -> StepBatch:
                    discount=None if batches[0].discount is None else cat("discount"))
 
 
+def gather_all(adapter, num_envs: int) -> StepBatch:
+  """Receives until every env has reported once; rows ordered by env id."""
+  batches = [adapter.recv()]
+  count = len(batches[0])
+  while count < num_envs:
+    batches.append(adapter.recv())
+    count += len(batches[-1])
+  return concat_sorted(batches)
+
+
+def concat_sorted(batches: list[StepBatch]) -> StepBatch:
+  """Concatenates batches and orders rows by env id (no copy when already sorted)."""
+  b = concat_batches(batches)
+  if np.all(b.env_ids[1:] > b.env_ids[:-1]):
+    return b
+  return b.take(np.argsort(b.env_ids, kind="stable"))
+
+
 class SimAdapter(Protocol):
   """Host-side batched simulator (see DESIGN.md, Interfaces)."""
 

@@ -108,7 +108,7 @@ class ChunkAdapter:
 
   def step(self, actions: np.ndarray) -> StepBatch:
     """Every env runs its chunk; returns when all are back, rows ordered by env id."""
-    from sim_adapters.envpool_adapter import gather_all  # pylint: disable=g-import-not-at-top
+    from sim_adapters.base import gather_all  # pylint: disable=g-import-not-at-top
     self.send(actions, np.arange(self.num_envs, dtype=np.int32))
     return gather_all(self, self.num_envs)
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim_adapters.base import EnvSpec, Obs, ObsSpec, StepBatch, concat_batches
+from sim_adapters.base import EnvSpec, Obs, ObsSpec, StepBatch, gather_all
 
 _SUCCESS_KEYS = ("success", "is_success", "reward_success")
 
@@ -225,21 +225,3 @@ class EnvPoolAdapter:
 
   def close(self) -> None:
     self._pool.close()
-
-
-def gather_all(adapter, num_envs: int) -> StepBatch:
-  """Receives until every env has reported once; rows ordered by env id."""
-  batches = [adapter.recv()]
-  count = len(batches[0])
-  while count < num_envs:
-    batches.append(adapter.recv())
-    count += len(batches[-1])
-  return concat_sorted(batches)
-
-
-def concat_sorted(batches: list[StepBatch]) -> StepBatch:
-  """Concatenates batches and orders rows by env id (no copy when already sorted)."""
-  b = concat_batches(batches)
-  if np.all(b.env_ids[1:] > b.env_ids[:-1]):
-    return b
-  return b.take(np.argsort(b.env_ids, kind="stable"))

@@ -8,6 +8,8 @@ A run with one group is the plain single-adapter case.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 
@@ -25,6 +27,10 @@ class EnvGroups:
 
   def __getitem__(self, g: int):
     return self.adapters[g]
+
+  def to_global(self, g: int, batch):
+    """A copy of group g's batch header with its group-local env ids made global."""
+    return dataclasses.replace(batch, env_ids=batch.env_ids + self.offsets[g])
 
   @property
   def nan_resets(self) -> int:

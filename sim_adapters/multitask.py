@@ -24,8 +24,8 @@ import time
 
 import numpy as np
 
-from sim_adapters.base import EnvSpec, ObsSpec, StepBatch
-from sim_adapters.envpool_adapter import EnvPoolAdapter, concat_sorted, gather_all
+from sim_adapters.base import EnvSpec, ObsSpec, StepBatch, concat_sorted, gather_all
+from sim_adapters.envpool_adapter import EnvPoolAdapter
 
 # The MT10 task list and one instruction per task (MetaWorld's task descriptions).
 MT10_TASKS: dict[str, str] = {

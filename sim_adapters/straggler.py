@@ -45,7 +45,7 @@ import time
 import numpy as np
 
 from sim_adapters.base import EnvSpec, StepBatch
-from sim_adapters.envpool_adapter import concat_sorted
+from sim_adapters.base import concat_sorted
 
 def straggler_set(num_envs: int, fraction: float, seed: int = 0) -> np.ndarray:
   """The straggler env ids: round(fraction * num_envs) of them, at least one when fraction > 0.

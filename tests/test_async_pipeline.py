@@ -30,7 +30,7 @@ from policies.mlp import MLPPolicy
 from sim_adapters import make_adapter
 from sim_adapters.base import EnvSpec, ObsSpec, StepBatch
 from sim_adapters.groups import EnvGroups
-from sim_adapters.envpool_adapter import gather_all
+from sim_adapters.base import gather_all
 
 T, N = 6, 4
 
@@ -111,7 +111,7 @@ def _ebrl_with_fake_envs(tmp_path, *, eta: int, group_envs: int, recv_batch: int
       FakeAsyncEnv(trainer.spec, group_envs, recv_batch, rng.uniform(0.2, 1.0, group_envs) * step_s,
                    seed=seed + g, jitter=jitter) for g in range(groups)])
   trainer.adapter = trainer.groups
-  scheduler = make_scheduler("ebrl", trainer)
+  scheduler = make_scheduler("ebrl", trainer.run_context())
   taken, seen = [], []
   get_batch = scheduler.queue.get_batch
 
@@ -133,7 +133,7 @@ def _ebrl_with_fake_envs(tmp_path, *, eta: int, group_envs: int, recv_batch: int
 
     trainer.learner.update_segments = slow_update
   trainer.update_hooks.append(lambda t: seen.append(dict(t._last_metrics)))  # pylint: disable=protected-access
-  scheduler.run(cfg.total_env_steps)
+  scheduler.run(trainer.state, cfg.total_env_steps)
   trainer.finish()
   assert not _stage_threads()
   return scheduler, trainer, taken, seen
@@ -283,7 +283,7 @@ def test_ebrl_run_trains_bounds_staleness_and_leaves_no_thread(tmp_path):
   trainer = Trainer(_tiny_ebrl_config(2_000), str(tmp_path), progress=False)
   seen = []
   trainer.update_hooks.append(lambda t: seen.append(t._last_metrics))  # pylint: disable=protected-access
-  make_scheduler("ebrl", trainer).run(2_000)
+  make_scheduler("ebrl", trainer.run_context()).run(trainer.state, 2_000)
   summary = trainer.finish()
   assert not _stage_threads()
   assert summary["env_steps"] >= 2_000 and summary["policy_version"] >= 20
@@ -295,7 +295,7 @@ def test_ebrl_run_trains_bounds_staleness_and_leaves_no_thread(tmp_path):
 def test_resumed_ebrl_run_keeps_the_staleness_bound_without_dropping(tmp_path):
   """A resumed run counts its earlier updates' segments as started: no burst of too-stale segments."""
   trainer = Trainer(_tiny_ebrl_config(1_000), str(tmp_path), progress=False)
-  make_scheduler("ebrl", trainer).run(1_000)
+  make_scheduler("ebrl", trainer.run_context()).run(trainer.state, 1_000)
   first = trainer.finish()
   cfg = _tiny_ebrl_config(2_000)
   cfg.resume = True
@@ -303,8 +303,8 @@ def test_resumed_ebrl_run_keeps_the_staleness_bound_without_dropping(tmp_path):
   assert int(trainer.state.version) == first["policy_version"] > 0
   seen = []
   trainer.update_hooks.append(lambda t: seen.append(t._last_metrics))  # pylint: disable=protected-access
-  scheduler = make_scheduler("ebrl", trainer)
-  scheduler.run(2_000)
+  scheduler = make_scheduler("ebrl", trainer.run_context())
+  scheduler.run(trainer.state, 2_000)
   trainer.finish()
   assert len(seen) >= 5
   for m in seen:
@@ -330,7 +330,7 @@ def test_stage_exception_surfaces_as_the_runs_error(tmp_path):
 
   trainer.learner.update_segments = broken
   with pytest.raises(FloatingPointError, match="learner exploded"):
-    make_scheduler("ebrl", trainer).run(10**9)
+    make_scheduler("ebrl", trainer.run_context()).run(trainer.state, 10**9)
   assert not _stage_threads()
   trainer.adapter.close()
 

@@ -43,7 +43,7 @@ def tiny_config(total: int = 256, resume: bool = False):
 
 def train(workdir, total, resume=False):
   trainer = Trainer(tiny_config(total, resume), str(workdir), progress=False)
-  make_scheduler("sync", trainer).run(total)
+  make_scheduler("sync", trainer.run_context()).run(trainer.state, total)
   trainer.finish()
   return trainer
 
@@ -101,7 +101,7 @@ def test_resume_restores_state_counters_and_rng(first_run, tmp_path):
   s2, _ = done.learner.update(copy_of(done.state), ro)
   for a, b in zip(leaves(s1), leaves(s2)):
     np.testing.assert_array_equal(a, b)
-  make_scheduler("sync", resumed).run(256)
+  make_scheduler("sync", resumed.run_context()).run(resumed.state, 256)
   summary = resumed.finish()
   assert summary["env_steps"] == 256
   assert summary["policy_version"] == 8  # 4 updates before, 4 after.

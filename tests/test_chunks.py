@@ -9,7 +9,7 @@ import pytest
 
 from sim_adapters.base import EnvSpec, ObsSpec, StepBatch
 from sim_adapters.chunks import ChunkAdapter
-from sim_adapters.envpool_adapter import gather_all
+from sim_adapters.base import gather_all
 
 
 class Scripted:

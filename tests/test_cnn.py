@@ -189,7 +189,7 @@ def test_reads_envpool_pixels(make, tmp_path, monkeypatch):
   policy = CNNPolicy(adapter.spec)
   params = policy.init(jax.random.PRNGKey(0))
   adapter.reset()
-  from sim_adapters.envpool_adapter import gather_all
+  from sim_adapters.base import gather_all
   obs = {k: jnp.asarray(v) for k, v in gather_all(adapter, 2).obs.items()}
   action, logp, value, _ = jax.jit(policy.sample)(params, obs, jax.random.PRNGKey(1))
   assert action.shape == (2, 4) and np.isfinite(np.asarray(logp)).all() and np.isfinite(np.asarray(value)).all()

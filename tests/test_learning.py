@@ -17,7 +17,7 @@ def test_sync_ppo_solves_reach(tmp_path):
   cfg.total_env_steps = 300_000
   cfg.checkpoint_every_s = 1e9
   trainer = Trainer(cfg, str(tmp_path), progress=False)
-  make_scheduler("sync", trainer).run(cfg.total_env_steps)
+  make_scheduler("sync", trainer.run_context()).run(trainer.state, cfg.total_env_steps)
   summary = trainer.finish()
   rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   returns = [r["episode_return"] for r in rows if r["episode_return"] is not None]
@@ -44,7 +44,7 @@ def test_default_ppo_holds_success_on_drawer_close(tmp_path):
   cfg.env.name = "MetaWorld/DrawerClose-v3"
   cfg.checkpoint_every_s = 1e9
   trainer = Trainer(cfg, str(tmp_path), progress=False)
-  make_scheduler("sync", trainer).run(cfg.total_env_steps)
+  make_scheduler("sync", trainer.run_context()).run(trainer.state, cfg.total_env_steps)
   summary = trainer.finish()
   assert summary["best_success_rate"] >= 0.9
   assert summary["final_success_rate"] >= 0.9

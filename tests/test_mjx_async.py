@@ -16,7 +16,8 @@ import pytest
 from interrupt import interrupt_run
 from ebrl.learner import Learner
 from ebrl.scheduler import make_scheduler
-from ebrl.scheduler.device import acting_params, make_collect
+from ebrl.param_store import with_value_stats
+from ebrl.scheduler.device import make_collect
 from ebrl.scheduler.device_async import DeviceAsyncScheduler, make_segment_collect
 from ebrl.trainer import Trainer
 from launch.configs import default
@@ -51,14 +52,14 @@ def _run(cfg, workdir):
   seen = []
   # pylint: disable-next=protected-access
   trainer.update_hooks.append(lambda t: seen.append(jax.device_get(t._last_metrics)))
-  make_scheduler("ebrl", trainer).run(cfg.total_env_steps)
+  make_scheduler("ebrl", trainer.run_context()).run(trainer.state, cfg.total_env_steps)
   return trainer, trainer.finish(), seen
 
 
 @pytest.mark.parametrize("eta", [0, 2])
 def test_ebrl_device_run_trains_within_the_staleness_bound(eta, tmp_path):
   trainer, summary, seen = _run(_cfg(1_024, eta), tmp_path)
-  assert isinstance(make_scheduler("ebrl", trainer), DeviceAsyncScheduler)
+  assert isinstance(make_scheduler("ebrl", trainer.run_context()), DeviceAsyncScheduler)
   assert not _stage_threads()
   assert summary["env_steps"] >= 1_024 and summary["policy_version"] >= 12  # 1024 / (8 envs * 8 steps) = 16
   assert len(seen) == summary["policy_version"]
@@ -97,8 +98,8 @@ def test_eta_zero_update_equals_sync_ppo_on_device_data(correction, lam, tmp_pat
   copy = lambda tree: jax.tree.map(jnp.copy, tree)
   sim_state = sim.reset(jax.random.PRNGKey(3))
   key = jax.random.PRNGKey(4)
-  after, rollout, _ = sync_collect(acting_params(state), copy(sim_state), key, jnp.int32(0))
-  _, batch, _ = seg_collect(acting_params(state), copy(sim_state), key, jnp.int32(0))
+  after, rollout, _ = sync_collect(with_value_stats(state), copy(sim_state), key, jnp.int32(0))
+  _, batch, _ = seg_collect(with_value_stats(state), copy(sim_state), key, jnp.int32(0))
   assert bool(rollout.done.any())  # Truncations inside the segment: the value fold is exercised.
   np.testing.assert_array_equal(batch.obs["state"][:T], rollout.obs["state"])
   np.testing.assert_array_equal(batch.obs["state"][T], after.obs["state"])  # The bootstrap row.
@@ -117,7 +118,7 @@ def test_eta_zero_update_equals_sync_ppo_on_device_data(correction, lam, tmp_pat
 @pytest.mark.parametrize("stage", ["collect", "learner"])
 def test_thread_exception_is_the_runs_error(stage, tmp_path):
   trainer = Trainer(_cfg(10**9, 1), str(tmp_path), progress=False)
-  scheduler = make_scheduler("ebrl", trainer)
+  scheduler = make_scheduler("ebrl", trainer.run_context())
 
   def broken(*_):
     raise FloatingPointError(f"{stage} exploded")
@@ -127,7 +128,7 @@ def test_thread_exception_is_the_runs_error(stage, tmp_path):
   else:
     trainer.learner.update_segments = broken
   with pytest.raises(FloatingPointError, match=f"{stage} exploded"):
-    scheduler.run(10**9)
+    scheduler.run(trainer.state, 10**9)
   assert not _stage_threads()
   trainer.adapter.close()
 

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sim_adapters.envpool_adapter import gather_all
+from sim_adapters.base import gather_all
 from sim_adapters.mjx import make_device_sim
 
 QPOS, QVEL, GRIPPER, BOX_MINUS_GRIPPER = slice(0, 16), slice(16, 31), slice(31, 34), slice(46, 49)

@@ -50,7 +50,7 @@ def _train(cfg, workdir):
   from ebrl.trainer import Trainer
 
   trainer = Trainer(cfg, str(workdir), progress=False)
-  make_scheduler(cfg.scheduler, trainer).run(cfg.total_env_steps)
+  make_scheduler(cfg.scheduler, trainer.run_context()).run(trainer.state, cfg.total_env_steps)
   return trainer, trainer.finish()
 
 

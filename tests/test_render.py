@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from sim_adapters import render
-from sim_adapters.envpool_adapter import gather_all
+from sim_adapters.base import gather_all
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REACH = "MetaWorld/Reach-v3"

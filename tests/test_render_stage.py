@@ -10,7 +10,7 @@ import pytest
 from ebrl.resources import enforce
 from ebrl.telemetry.stages import StageClock
 from ebrl.telemetry.trace import Tracer
-from sim_adapters.envpool_adapter import gather_all
+from sim_adapters.base import gather_all
 
 pytestmark = pytest.mark.egl
 
@@ -87,7 +87,7 @@ def test_resource_manager_runs_the_draws_on_the_render_quota(tmp_path):
   assert {placed["render"][t] for t in render_thread_ids()} == {(usable[-1],)}
   assert set(render_thread_ids()).isdisjoint(placed["sim"])
   assert placed["sim"] and set(placed["sim"].values()) == {(usable[0],)}  # EnvPool's workers.
-  make_scheduler("ebrl", trainer).run(256)
+  make_scheduler("ebrl", trainer.run_context()).run(trainer.state, 256)
   placed = enforcer.readback()
   mesa = [t for t in placed["render"] if enforce.thread_name(t).startswith(enforce.MESA_THREAD_PREFIX)]
   assert mesa and {placed["render"][t] for t in mesa} == {(usable[-1],)}

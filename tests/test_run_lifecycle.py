@@ -45,7 +45,7 @@ def tiny(total: int = 128, scheduler: str = "sync", resume: bool = False):
 
 def run(cfg, workdir) -> Trainer:
   trainer = Trainer(cfg, str(workdir), progress=False)
-  make_scheduler(cfg.scheduler, trainer).run(cfg.total_env_steps)
+  make_scheduler(cfg.scheduler, trainer.run_context()).run(trainer.state, cfg.total_env_steps)
   trainer.finish()
   return trainer
 
@@ -79,7 +79,7 @@ def test_warm_start_applies_on_a_first_launch_with_resume_true(finished, tmp_pat
   for a, b in zip(leaves(trainer.state.params), leaves(done.state.params)):
     np.testing.assert_array_equal(a, b)
   assert int(trainer.state.version) == 0  # Params only: a fresh run's optimiser and counters.
-  make_scheduler("sync", trainer).run(128)
+  make_scheduler("sync", trainer.run_context()).run(trainer.state, 128)
   trainer.finish()
   # The next launch restores its own checkpoint; the warm start no longer applies, and says so.
   capsys.readouterr()
@@ -151,7 +151,7 @@ def test_used_workdir_on_the_command_line_is_one_line(finished):
 
 
 def _first_obs(trainer) -> np.ndarray:
-  from sim_adapters.envpool_adapter import gather_all  # pylint: disable=g-import-not-at-top
+  from sim_adapters.base import gather_all  # pylint: disable=g-import-not-at-top
   trainer.adapter.reset()
   obs = gather_all(trainer.adapter, trainer.cfg.num_envs).obs["state"]
   trainer.adapter.close()
@@ -242,7 +242,7 @@ def test_linear_schedule_reaches_its_last_value_on_the_last_update(name, tmp_pat
   seen = []
   trainer = Trainer(cfg, str(tmp_path / "run"), progress=False)
   trainer.update_hooks.append(lambda t: seen.append(float(t._last_metrics["learning_rate"])))  # pylint: disable=protected-access
-  make_scheduler(cfg.scheduler, trainer).run(cfg.total_env_steps)
+  make_scheduler(cfg.scheduler, trainer.run_context()).run(trainer.state, cfg.total_env_steps)
   summary = trainer.finish()
   lc = trainer.learner.cfg
   assert lc.total_updates == 5 and summary["policy_version"] == 5 and len(seen) == 5

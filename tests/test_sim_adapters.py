@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from sim_adapters import UnknownEnvError, check_env_name, make_adapter
-from sim_adapters.envpool_adapter import gather_all
+from sim_adapters.base import gather_all
 
 F32 = np.dtype(np.float32)
 
@@ -570,7 +570,7 @@ def test_mt10_receiver_error_ends_an_ebrl_run(tmp_path):
 
   sub.calls, sub.recv = 0, flaky
   with pytest.raises(RuntimeError, match="DrawerClose-v3 failed: ValueError: simulated EnvPool failure"):
-    make_scheduler("ebrl", trainer).run(cfg.total_env_steps)
+    make_scheduler("ebrl", trainer.run_context()).run(trainer.state, cfg.total_env_steps)
   assert time.time() - failed_at[0] < 10  # The run ended with the receiver's error within 10 s.
   close_start = time.time()
   trainer.adapter.close()

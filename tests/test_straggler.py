@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from sim_adapters.base import EnvSpec, ObsSpec, StepBatch
-from sim_adapters.envpool_adapter import concat_sorted, gather_all
+from sim_adapters.base import concat_sorted, gather_all
 from sim_adapters.straggler import StragglerAdapter, straggler_set
 
 STEP_S = 0.02  # the fixed per-env step time every timing test uses

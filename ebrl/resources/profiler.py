@@ -255,7 +255,7 @@ def measure_sim(cfg, cores: tuple[int, ...], threads: int, batch: int | None, se
   """Steps the run's env with random actions on `cores` only (its workers and this thread pinned
   there): sync (batch None) or async recv/send of `batch`."""
   from sim_adapters import make_adapter
-  from sim_adapters.envpool_adapter import gather_all
+  from sim_adapters.base import gather_all
 
   n = cfg.num_envs
   # A render stage is a stage of its own (measure_render): the simulator under it is a state pool.
@@ -296,7 +296,7 @@ def measure_render(cfg, cores: tuple[int, ...], batches: list[int], seconds: flo
   """Times the render stage's draws of `batch` frames (on its render thread, with Mesa's threads,
   all pinned to `cores`), from states a few random steps into their episodes."""
   from sim_adapters import make_adapter
-  from sim_adapters.envpool_adapter import gather_all
+  from sim_adapters.base import gather_all
   from sim_adapters.render_stage import render_thread_ids
 
   n = cfg.num_envs
@@ -409,6 +409,7 @@ def measure(cfg, inventory: Inventory, *, policy=None, spec=None, full: bool = F
   from ebrl.learner import Learner
   from ebrl.sampler import Sampler
   from ebrl.learner import LearnerConfig
+  from ebrl.param_store import ParamStore
   from policies import make_policy
 
   t0 = time.perf_counter()
@@ -441,8 +442,9 @@ def measure(cfg, inventory: Inventory, *, policy=None, spec=None, full: bool = F
   policy = policy or make_policy(cfg.policy.name, spec, cfg.policy)
   layout = RunLayout.from_config(cfg)
   learner = Learner(policy, LearnerConfig.from_config(cfg, layout))
-  sampler = Sampler(policy, spec, seed=0)
-  sampler.set_params(learner.init(jax.random.PRNGKey(0)).params, 0)
+  store = ParamStore()
+  store.publish(learner.init(jax.random.PRNGKey(0)))
+  sampler = Sampler(policy, spec, store, seed=0)
   log(f"[profile] gen: batches {_pow2_upto(n)}")
   gen = measure_gen(sampler, spec, _pow2_upto(n), seconds / 2)
   segments = layout.segments_per_update

@@ -35,19 +35,17 @@ Any exception in a thread stops the run and is re-raised by `run`.
 
 from __future__ import annotations
 
-import dataclasses
 import queue
 import threading
 import time
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from ebrl.assembler import Segment, TrajectoryAssembler
+from ebrl.scheduler.context import RunContext
 from ebrl.scheduler.stage_threads import POLL_S, StageThreads, learner_loop
 from ebrl.trajectory_queue import TrajectoryQueue
-from ebrl.types import SegmentBatch
+from ebrl.types import SegmentBatch, TrainState
 from sim_adapters.base import StepBatch, concat_batches
 
 _WAKE = ("wake", None)
@@ -74,21 +72,20 @@ class AsyncScheduler:
   # rollout rate is the e2e rate.
   overlaps_training = True
 
-  def __init__(self, trainer):
-    t = self.t = trainer
-    cfg = t.cfg.ebrl
-    self.groups = t.groups
-    # Default: every group's ready batch at once, so a full batch never waits out max_wait.
-    self.max_gen_batch = t.layout.max_gen_batch
-    self.max_wait_s = cfg.max_wait_ms / 1000.0
-    self.resources = t.resources  # Pins each stage's thread to its quota; re-plans reach us below.
+  def __init__(self, ctx: RunContext):
+    self.ctx = ctx
+    layout = ctx.layout
+    self.groups = ctx.host_envs
+    self.max_gen_batch = layout.max_gen_batch
+    self.max_wait_s = ctx.max_wait_s
+    self.resources = ctx.resources  # Pins each stage's thread to its quota; re-plans reach us below.
     if self.resources is not None:
       self._apply_plan(self.resources.plan)
       self.resources.listeners.append(self._apply_plan)
-    self.queue = TrajectoryQueue(t.layout.segments_per_update, cfg.max_staleness)
-    self.assembler = TrajectoryAssembler(t.spec, t.cfg.num_envs, t.cfg.rollout_length,
+    self.queue = TrajectoryQueue(layout.segments_per_update, ctx.max_staleness)
+    self.assembler = TrajectoryAssembler(ctx.spec, layout.num_envs, layout.rollout_length,
                                          lambda seg: self.queue.put(seg, seg.start_version, seg.forced),
-                                         t.action_size)
+                                         ctx.action_size)
     self._ready: queue.Queue = queue.Queue()
     self._replies = [queue.Queue() for _ in range(len(self.groups))]
     self._late = [queue.Queue() for _ in range(len(self.groups))]
@@ -101,7 +98,7 @@ class AsyncScheduler:
 
   def _apply_plan(self, plan) -> None:
     """A plan's generation batch (read by the sampler loop on its next batch)."""
-    if not self.t.layout.gen_batch_fixed:
+    if not self.ctx.layout.gen_batch_fixed:
       self.max_gen_batch = plan.max_gen_batch
     self.max_wait_s = plan.max_wait_ms / 1000.0
 
@@ -111,27 +108,27 @@ class AsyncScheduler:
 
   # -- lifecycle --------------------------------------------------------------
 
-  def run(self, total_env_steps: int) -> None:
+  def run(self, state: TrainState, total_env_steps: int) -> TrainState:
     self._total = total_env_steps
-    t = self.t
-    t.sampler.set_params(_copy(t.state.params), int(t.state.version))
+    self._state = state
     # A resumed run starts at its restored version: count the segments of the updates
     # already made as started, or the capacity rule would start a burst of segments
     # that the learner then drops as too stale.
-    self.queue.resume_at(int(t.state.version))
+    self.queue.resume_at(int(state.version))
     stages = [(f"group{g}", self._group_loop, (g,)) for g in range(len(self.groups))]
     stages += [("sampler", self._sampler_loop, ()), ("learner", self._learner_loop, ())]
     self._stages.run(stages, on_stop=self.queue.close)
+    return self._state
 
   def _stopping(self) -> bool:
-    if self.t.should_stop(self._total):
+    if self.ctx.log.should_stop(self._total):
       self._stop.set()
     return self._stop.is_set()
 
   # -- group threads: simulation ---------------------------------------------
 
   def _group_loop(self, g: int) -> None:
-    adapter, clock, lane = self.groups[g], self.t.clock, f"group{g}"
+    adapter, clock, lane = self.groups[g], self.ctx.clock, f"group{g}"
     self._pin("sim")
     if self.resources is not None:
       with self.resources.adopt("sim"):  # Threads the adapter starts on reset (MT10's receivers).
@@ -169,7 +166,7 @@ class AsyncScheduler:
       except queue.Empty:
         return sent
       ids, env_actions = item
-      with self.t.clock.stage("sim", lane=f"group{g}"):
+      with self.ctx.clock.stage("sim", lane=f"group{g}"):
         self.groups[g].send(env_actions, ids)
       sent += len(ids)
 
@@ -205,20 +202,19 @@ class AsyncScheduler:
         return items
 
   def _sampler_loop(self) -> None:
-    t = self.t
+    ctx = self.ctx
     self._pin("gen")
-    offsets = self.groups.offsets
     while not self._stopping():
       self._serve_parked()
       items = self._collect()
       if not items:
         continue
-      merged = concat_batches([dataclasses.replace(b, env_ids=b.env_ids + offsets[g]) for g, b in items])
+      merged = concat_batches([self.groups.to_global(g, b) for g, b in items])
       gids = merged.env_ids
       closed = self.assembler.pending[gids]
-      t.tracker.observe(merged)
+      ctx.tracker.observe(merged)
       self.assembler.complete(gids, merged)
-      t.add_env_steps(int(closed.sum()))
+      ctx.log.add_env_steps(int(closed.sum()))
       # The staleness throttle: envs that would start a segment beyond capacity are parked.
       serve = np.ones(len(gids), bool)
       starts = np.flatnonzero(self.assembler.needs_new_segment(gids))
@@ -244,8 +240,8 @@ class AsyncScheduler:
     if not serve.any():
       return None
     idx = np.flatnonzero(serve)
-    with self.t.clock.stage("gen", lane="sampler"):
-      acts, version = self.t.sampler.act({k: v[idx] for k, v in obs.items()}, pad=True)
+    with self.ctx.clock.stage("gen", lane="sampler"):
+      acts, version = self.ctx.sampler.act({k: v[idx] for k, v in obs.items()}, pad=True)
     self.assembler.start(gids[idx], {k: v[idx] for k, v in obs.items()}, acts, version)
     env_actions = np.zeros((len(gids), acts.env_action.shape[1]), np.float32)
     env_actions[idx] = acts.env_action
@@ -267,13 +263,13 @@ class AsyncScheduler:
       self.assembler.begin(ids[:granted] + offsets[g], start_version)
       if force and granted < len(ids):
         self.assembler.begin(ids[granted:granted + 1] + offsets[g], self.queue.force_start(1), forced=True)
-        self.t.force_started += 1
+        self.ctx.log.note_force_started(1)
         granted, force = granted + 1, 0
       if granted:
         go = slice(0, granted)
         sub = {k: v[go] for k, v in obs.items()}
-        with self.t.clock.stage("gen", lane="sampler"):
-          acts, version = self.t.sampler.act(sub, pad=True)
+        with self.ctx.clock.stage("gen", lane="sampler"):
+          acts, version = self.ctx.sampler.act(sub, pad=True)
         self.assembler.start(ids[go] + offsets[g], sub, acts, version)
         self._late[g].put((ids[go], acts.env_action))
       if granted < len(ids):
@@ -287,14 +283,9 @@ class AsyncScheduler:
     self._pin("train")
     if self.resources is not None:
       self.resources.enforcer.pin_xla()
-    learner_loop(self.t, self.queue, self._stopping, stack_segments, self._publish)
+    self._state = learner_loop(self.ctx, self._state, self.queue, self._stopping, stack_segments, self._published)
 
-  def _publish(self, state) -> None:
-    # The sampler gets its own copy: the next update donates (frees) this state.
-    self.t.sampler.set_params(_copy(state.params), int(state.version))
+  def _published(self, state) -> None:
+    """New params are in the store: raise the queue's version and wake the sampler."""
     self.queue.set_version(int(state.version))
     self._ready.put(_WAKE)
-
-
-def _copy(tree):
-  return jax.tree.map(jnp.copy, tree)

@@ -27,10 +27,11 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
 
-from ebrl.telemetry.episodes import EpisodeTracker
 from ebrl import normalizer
+from ebrl.acting import device_policy_step, device_random_step
+from ebrl.scheduler.context import RunContext, update_and_publish
+from ebrl.telemetry.episodes import EpisodeTracker
 from ebrl.types import Rollout, TrainState
 from policies.base import Policy
 from sim_adapters.mjx.device_sim import DeviceSim, SimState
@@ -56,11 +57,10 @@ def add_finished_episodes(tracker: EpisodeTracker, finished: Finished) -> None:
 def make_collect(sim: DeviceSim, policy: Policy, horizon: int, gamma: float, reward_scale: float):
   """Jitted (params, sim_state, key, version) -> (sim_state, Rollout, Finished).
 
-  params are the policy's, plus "value_norm" (TrainState.value_norm, see `acting_params`): the
-  critic predicts standardised returns, and the truncation bootstrap is folded in return units.
+  params are the policy's, plus "value_norm" (the ParamStore's `with_value_stats`): the critic
+  predicts standardised returns, and the truncation bootstrap is folded in return units.
   """
-  low, high = jnp.asarray(sim.spec.action_low), jnp.asarray(sim.spec.action_high)
-  step = sim._step  # pylint: disable=protected-access  # Inlined into the scan, not a nested jit.
+  act_and_step = device_policy_step(sim, policy)
 
   def value(params, obs):
     n = next(iter(obs.values())).shape[0]
@@ -69,8 +69,7 @@ def make_collect(sim: DeviceSim, policy: Policy, horizon: int, gamma: float, rew
   def collect(params, state: SimState, key: jax.Array, version: jax.Array):
     def body(state: SimState, k):
       obs = state.obs
-      action, logp, v, _ = policy.sample(params, obs, k)
-      nxt = step(state, sim.place_action(jnp.clip(action, low, high)))
+      nxt, (action, logp, v) = act_and_step(params, state, k)
       # Bootstrap truncated episodes from their final observation (computed only when one ended).
       v_final = jax.lax.cond(jnp.any(nxt.truncated), lambda: value(params, nxt.final_obs),
                              lambda: jnp.zeros_like(v))
@@ -92,20 +91,13 @@ def make_collect(sim: DeviceSim, policy: Policy, horizon: int, gamma: float, rew
   return jax.jit(collect, donate_argnums=(1,))
 
 
-def acting_params(state: TrainState):
-  """What a device collect acts with: the policy params and the value statistics."""
-  return {**state.params, "value_norm": state.value_norm}
-
-
 def make_random_collect(sim: DeviceSim, horizon: int):
   """Jitted (sim_state, key) -> (sim_state, Finished) with uniform random actions."""
-  low, high = jnp.asarray(sim.spec.action_low), jnp.asarray(sim.spec.action_high)
-  step = sim._step  # pylint: disable=protected-access
+  random_step = device_random_step(sim)
 
   def collect(state: SimState, key: jax.Array):
     def body(state, k):
-      a = jax.random.uniform(k, (sim.num_envs, sim.spec.action_dim), minval=low, maxval=high)
-      nxt = step(state, sim.place_action(a))
+      nxt = random_step(state, k)
       return nxt, Finished(nxt.done, nxt.done_return, nxt.done_length, nxt.done_success)
 
     return jax.lax.scan(body, state, jax.random.split(key, horizon))
@@ -113,49 +105,46 @@ def make_random_collect(sim: DeviceSim, horizon: int):
   return jax.jit(collect, donate_argnums=(0,))
 
 
+def device_keys(seed: int, env_seed: int) -> tuple[jax.Array, jax.Array]:
+  """(reset key, action key) of a device run: initial states follow the launch's env seed (fresh
+  on resume), actions the run seed and the sampler's call counter, so a resumed run continues
+  its key sequence."""
+  return (jax.random.fold_in(jax.random.PRNGKey(env_seed), 0x5EED),
+          jax.random.fold_in(jax.random.PRNGKey(seed), 0xAC7))
+
+
 class DeviceScheduler:
   """scheduler=sync (PPO) or random on a DeviceSim, each rollout one jitted call."""
 
-  def __init__(self, trainer, learn: bool = True):
-    self.t = trainer
+  def __init__(self, ctx: RunContext, learn: bool = True):
+    self.ctx = ctx
     self.learn = learn
-    self.sim: DeviceSim = trainer.device_sim
-    # Initial states follow the launch's env seed (fresh on resume); actions the run seed and the
-    # sampler's call counter, so a resumed run continues the key sequence.
-    self.reset_key = jax.random.fold_in(jax.random.PRNGKey(trainer.env_seed), 0x5EED)
-    self.key = jax.random.fold_in(jax.random.PRNGKey(trainer.cfg.seed), 0xAC7)
-    self._replicated = NamedSharding(self.sim.mesh, P()) if self.sim.mesh is not None else None
+    self.sim: DeviceSim = ctx.device_sim
+    self.reset_key, self.key = device_keys(ctx.seed, ctx.env_seed)
 
-  def _params(self):
-    params = acting_params(self.t.state)
-    return params if self._replicated is None else jax.device_put(params, self._replicated)
-
-  def run(self, total_env_steps: int) -> None:
-    t, sim, clock = self.t, self.sim, self.t.clock
-    horizon = t.cfg.rollout_length
-    lc = t.learner.cfg
-    collect = (make_collect(sim, t.policy, horizon, lc.gamma, lc.reward_scale) if self.learn
+  def run(self, state: TrainState, total_env_steps: int) -> TrainState:
+    ctx, sim, clock = self.ctx, self.sim, self.ctx.clock
+    horizon = ctx.layout.rollout_length
+    lc = ctx.learner.cfg
+    collect = (make_collect(sim, ctx.policy, horizon, lc.gamma, lc.reward_scale) if self.learn
                else make_random_collect(sim, horizon))
     with clock.stage("sim"):
-      state = sim.reset(self.reset_key)
-      jax.block_until_ready(state)
-    while not t.should_stop(total_env_steps):
-      # The sampler's call counter numbers the rollouts, so a resumed run continues the key sequence.
-      key = jax.random.fold_in(self.key, t.sampler.calls)
-      t.sampler.restore_counter(t.sampler.calls + 1)
+      sim_state = sim.reset(self.reset_key)
+      jax.block_until_ready(sim_state)
+    while not ctx.log.should_stop(total_env_steps):
+      key = jax.random.fold_in(self.key, ctx.sampler.take_call())
       with clock.stage("sim"):
         if self.learn:
-          state, rollout, finished = collect(self._params(), state, key, int(t.state.version))
+          params, version = ctx.params.latest()
+          sim_state, rollout, finished = collect(params, sim_state, key, version)
         else:
-          state, finished = collect(state, key)
-        finished, nan_resets = jax.device_get((finished, state.nan_resets))
-      add_finished_episodes(t.tracker, finished)
+          sim_state, finished = collect(sim_state, key)
+        finished, nan_resets = jax.device_get((finished, sim_state.nan_resets))
+      add_finished_episodes(ctx.tracker, finished)
       sim.nan_resets = int(nan_resets)
-      t.add_env_steps(sim.num_envs * horizon)
-      metrics = {}
+      ctx.log.add_env_steps(sim.num_envs * horizon)
       if self.learn:
-        with clock.stage("train"):
-          t.state, metrics = t.learner.update(t.state, rollout)
-          jax.block_until_ready(t.state)
-        t.sampler.set_params(t.state.params, int(t.state.version))
-      t.after_update(metrics)
+        state = update_and_publish(ctx, state, rollout)
+      else:
+        ctx.log.after_update(state, {})
+    return state

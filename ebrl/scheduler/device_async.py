@@ -50,12 +50,12 @@ import threading
 import chex
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding, PartitionSpec as P
 
-from ebrl.scheduler.device import Finished, acting_params, add_finished_episodes, make_collect
+from ebrl.scheduler.context import RunContext
+from ebrl.scheduler.device import Finished, add_finished_episodes, device_keys, make_collect
 from ebrl.scheduler.stage_threads import POLL_S, StageThreads, learner_loop
 from ebrl.trajectory_queue import TrajectoryQueue
-from ebrl.types import SegmentBatch
+from ebrl.types import SegmentBatch, TrainState
 from policies.base import Policy
 from sim_adapters.mjx.device_sim import DeviceSim, SimState
 
@@ -93,45 +93,41 @@ class DeviceAsyncScheduler:
   overlaps_training = True
   """scheduler=ebrl on a DeviceSim: one collecting thread per env group, one learner thread."""
 
-  def __init__(self, trainer):
-    t = self.t = trainer
-    self.sim: DeviceSim = t.device_sim
-    self.num_groups = t.layout.num_groups
-    per_group = t.layout.envs_per_group
+  def __init__(self, ctx: RunContext):
+    self.ctx = ctx
+    self.sim: DeviceSim = ctx.device_sim
+    self.num_groups = ctx.layout.num_groups
+    per_group = ctx.layout.envs_per_group
     chex.assert_equal(self.sim.num_envs, per_group)
-    segments = t.layout.segments_per_update
+    segments = ctx.layout.segments_per_update
     if segments % per_group:  # ebrl/config.py rejects this first; kept for direct construction.
       raise ValueError(f"ebrl.segments_per_update={segments} must be a multiple of the {per_group} envs per group")
-    self.queue = TrajectoryQueue(segments // per_group, t.cfg.ebrl.max_staleness)
-    lc = t.learner.cfg
-    self.collect = make_segment_collect(self.sim, t.policy, t.cfg.rollout_length, lc.gamma, lc.reward_scale)
-    # Initial states follow the launch's env seed (fresh on resume); actions the run seed and the
-    # sampler's call counter, so a resumed run continues the key sequence.
-    self.reset_key = jax.random.fold_in(jax.random.PRNGKey(t.env_seed), 0x5EED)
-    self.key = jax.random.fold_in(jax.random.PRNGKey(t.cfg.seed), 0xAC7)
-    self._replicated = NamedSharding(self.sim.mesh, P()) if self.sim.mesh is not None else None
-    self._lock = threading.Lock()  # Guards the published params, the key counter and env_steps.
+    self.queue = TrajectoryQueue(segments // per_group, ctx.max_staleness)
+    lc = ctx.learner.cfg
+    self.collect = make_segment_collect(self.sim, ctx.policy, ctx.layout.rollout_length, lc.gamma, lc.reward_scale)
+    self.reset_key, self.key = device_keys(ctx.seed, ctx.env_seed)
+    self._lock = threading.Lock()  # Guards the stop check and env_steps.
     self._room = threading.Condition()  # Guards starts and tickets; notified when the learner publishes.
     self._tickets = 0  # Batches granted so far in this run (they reach the learner in this order).
     self._order = threading.Lock()  # Guards the batches waiting for an earlier ticket.
     self._pending: dict[int, tuple[SegmentBatch, int]] = {}  # ticket -> (batch, start version)
     self._next = 0  # The ticket the learner gets next.
     self._compile = threading.Lock()  # The first collect compiles once, not once per group.
-    self._published: tuple = (None, -1)
     self._nan_resets = [0] * self.num_groups
     self._stages = StageThreads()
     self._stop = self._stages.stop
 
   # -- lifecycle --------------------------------------------------------------
 
-  def run(self, total_env_steps: int) -> None:
+  def run(self, state: TrainState, total_env_steps: int) -> TrainState:
     self._total = total_env_steps
+    self._state = state
     # A resumed run counts the segments of its earlier updates as started (see TrajectoryQueue).
-    self.queue.resume_at(int(self.t.state.version))
-    self._publish(self.t.state)
+    self.queue.resume_at(int(state.version))
     stages = [(f"group{g}", self._group_loop, (g,)) for g in range(self.num_groups)]
     stages.append(("learner", self._learner_loop, ()))
     self._stages.run(stages, on_stop=self._wake_all)
+    return self._state
 
   def _wake_all(self) -> None:
     """Stop: wake the learner (queue) and groups waiting for room."""
@@ -141,24 +137,15 @@ class DeviceAsyncScheduler:
 
   def _stopping(self) -> bool:
     with self._lock:
-      if self.t.should_stop(self._total):
+      if self.ctx.log.should_stop(self._total):
         self._stop.set()
     return self._stop.is_set()
-
-  def _publish(self, state) -> None:
-    """Params for the groups: their own copy (the next update donates the learner's), on the sim mesh."""
-    params = jax.tree.map(jnp.copy, acting_params(state))
-    if self._replicated is not None:
-      params = jax.device_put(params, self._replicated)
-    with self._lock:
-      self._published = (params, int(state.version))
-    self.t.sampler.set_params(params, int(state.version))
 
   # -- group threads: fused sim + generation ----------------------------------
 
   def _group_loop(self, g: int) -> None:
-    t, lane = self.t, f"group{g}"
-    with t.clock.stage("sim", lane=lane):
+    clock, lane = self.ctx.clock, f"group{g}"
+    with clock.stage("sim", lane=lane):
       state = self.sim.reset(jax.random.fold_in(self.reset_key, g))
       jax.block_until_ready(state)
     first = True
@@ -167,7 +154,7 @@ class DeviceAsyncScheduler:
       if start is None:
         continue
       ticket, start_version, params, version, key = start
-      with t.clock.stage("sim", lane=lane):
+      with clock.stage("sim", lane=lane):
         if first:
           with self._compile:
             state, batch, finished = self.collect(params, state, key, jnp.int32(version))
@@ -189,12 +176,8 @@ class DeviceAsyncScheduler:
         return None
       ticket = self._tickets
       self._tickets += 1
-    with self._lock:
-      params, version = self._published
-      # The sampler's call counter numbers the collects, so a resumed run continues the key sequence.
-      calls = self.t.sampler.calls
-      self.t.sampler.restore_counter(calls + 1)
-    return ticket, start_version, params, version, jax.random.fold_in(self.key, calls)
+    params, version = self.ctx.params.latest()
+    return ticket, start_version, params, version, jax.random.fold_in(self.key, self.ctx.sampler.take_call())
 
   def _release(self, ticket: int, batch: SegmentBatch, start_version: int) -> None:
     """Queues batches for the learner in ticket order (see the module docstring)."""
@@ -205,19 +188,19 @@ class DeviceAsyncScheduler:
         self._next += 1
 
   def _account(self, g: int, finished: Finished, nan_resets: int) -> None:
-    add_finished_episodes(self.t.tracker, finished)
+    add_finished_episodes(self.ctx.tracker, finished)
     with self._lock:
       self._nan_resets[g] = nan_resets
       self.sim.nan_resets = sum(self._nan_resets)
-      self.t.add_env_steps(self.sim.num_envs * self.t.cfg.rollout_length)
+      self.ctx.log.add_env_steps(self.sim.num_envs * self.ctx.layout.rollout_length)
 
   # -- learner thread: update -------------------------------------------------
 
   def _learner_loop(self) -> None:
-    learner_loop(self.t, self.queue, self._stopping, concat_batches, self._publish_and_wake)
+    self._state = learner_loop(self.ctx, self._state, self.queue, self._stopping, concat_batches, self._published)
 
-  def _publish_and_wake(self, state) -> None:
-    self._publish(state)
+  def _published(self, state) -> None:
+    """New params are in the store: raise the queue's version and wake groups waiting for room."""
     with self._room:
       self.queue.set_version(int(state.version))
       self._room.notify_all()

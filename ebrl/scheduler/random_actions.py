@@ -8,26 +8,30 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim_adapters.envpool_adapter import gather_all
+from ebrl.scheduler.context import RunContext
+from ebrl.types import TrainState
+from sim_adapters.base import gather_all
 
 
 class RandomScheduler:
 
-  def __init__(self, trainer):
-    self.t = trainer
+  def __init__(self, ctx: RunContext):
+    self.ctx = ctx
 
-  def run(self, total_env_steps: int) -> None:
-    t = self.t
-    adapter, clock, spec, n = t.adapter, t.clock, t.spec, t.cfg.num_envs
-    rng = np.random.default_rng(t.env_seed)
+  def run(self, state: TrainState, total_env_steps: int) -> TrainState:
+    ctx = self.ctx
+    adapter, clock, spec, log = ctx.host_envs[0], ctx.clock, ctx.spec, ctx.log
+    n = ctx.layout.num_envs
+    rng = np.random.default_rng(ctx.env_seed)
     with clock.stage("sim"):
       adapter.reset()
-      t.tracker.observe(gather_all(adapter, n))
-    while not t.should_stop(total_env_steps):
-      for _ in range(t.cfg.rollout_length):
+      ctx.tracker.observe(gather_all(adapter, n))
+    while not log.should_stop(total_env_steps):
+      for _ in range(ctx.layout.rollout_length):
         actions = rng.uniform(spec.action_low, spec.action_high, (n, spec.action_dim)).astype(np.float32)
         with clock.stage("sim"):
           result = adapter.step(actions)
-        t.tracker.observe(result)
-      t.add_env_steps(n * t.cfg.rollout_length)
-      t.after_update({})
+        ctx.tracker.observe(result)
+      log.add_env_steps(n * ctx.layout.rollout_length)
+      log.after_update(state, {})
+    return state

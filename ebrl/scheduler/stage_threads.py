@@ -14,7 +14,8 @@ import threading
 import time
 from typing import Any, Callable
 
-import jax
+from ebrl.scheduler.context import RunContext, update_and_publish
+from ebrl.types import TrainState
 
 POLL_S = 0.05
 _JOIN_S = 10.0  # A stage thread polls its stop flag at least this often, unless inside a step.
@@ -78,18 +79,14 @@ class StageThreads:
       self.stop.set()
 
 
-def learner_loop(trainer, queue, stopping: Callable[[], bool], assemble: Callable[[list], Any],
-                 publish: Callable[[Any], None]) -> None:
+def learner_loop(ctx: RunContext, state: TrainState, queue, stopping: Callable[[], bool],
+                 assemble: Callable[[list], Any], on_publish: Callable[[TrainState], None]) -> TrainState:
   """The learner stage of both asynchronous schedulers: an update on every batch the queue
-  releases, then `publish(state)` hands the new params to generation and wakes waiting groups."""
-  t = trainer
+  releases; after each, the new params are published and `on_publish(state)` wakes waiting groups.
+  Returns the last state."""
   while not stopping():
     items = queue.get_batch(timeout=POLL_S)
     if items is None:
       continue
-    batch = assemble(items)
-    with t.clock.stage("train", lane="learner"):
-      t.state, metrics = t.learner.update_segments(t.state, batch)
-      jax.block_until_ready(t.state)
-    publish(t.state)
-    t.after_update(metrics)
+    state = update_and_publish(ctx, state, assemble(items), segments=True, lane="learner", on_publish=on_publish)
+  return state

@@ -39,7 +39,7 @@ from ebrl.algorithms.gae import gae
 from ebrl.algorithms.grpo import group_relative_advantages
 from ebrl.algorithms.ppo import PPOConfig, masked_mean, ppo_loss
 from ebrl.algorithms.vtrace import vtrace
-from ebrl.trajectory_queue import fresh_mask
+from ebrl.algorithms.staleness import fresh_mask
 from ebrl.types import Rollout, SegmentBatch, TrainState
 from policies.base import Policy
 

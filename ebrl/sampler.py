@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ebrl.param_store import ParamStore
-from policies.base import Policy, action_size
+from policies.base import Policy, action_size, state_value
 from sim_adapters.base import EnvSpec
 
 
@@ -44,8 +44,8 @@ class Sampler:
       return action, jnp.clip(action[..., :a], low, high), logp, value
 
     self._act = jax.jit(act)
-    self._value = jax.jit(lambda params, obs: policy.evaluate(
-        params, obs, jnp.zeros(obs[next(iter(obs))].shape[:1] + (action_size(policy, spec),)))[2])
+    width = action_size(policy, spec)
+    self._value = jax.jit(lambda params, obs: state_value(policy, params, obs, width))
     self._key = jax.random.key(seed)
     self._counter = 0
     self._lock = threading.Lock()  # Guards the call counter (the key sequence).

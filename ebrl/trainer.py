@@ -4,7 +4,7 @@ The scheduler drives the stages; after each update it calls `after_update`,
 which logs metrics.jsonl / TensorBoard / the progress bar, checkpoints, and
 tracks time to success. `finish` writes the final checkpoint, summary.json and
 plots. Everything that can be wrong with the user's request is checked before
-anything is compiled (see ebrl/config.py).
+anything is compiled (see ebrl/validation.py).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import jax
 import numpy as np
 import tqdm
 
-from ebrl import config as config_lib
+from ebrl import validation
 from ebrl import workdir as workdir_lib
 from ebrl.checkpointing import Checkpointer
 from ebrl.errors import UserError
@@ -90,7 +90,7 @@ class Trainer:
     # Start-up, in seconds from launch: imports done, envs and learner built, first env steps
     # taken, first update applied (startup_s in summary.json; the last two include compiles).
     self.startup_s: dict[str, float] = {"imports": time.time() - self.launch_time}
-    config_lib.validate(cfg, jax.local_device_count())
+    validation.validate(cfg, jax.local_device_count())
     workdir_lib.prepare(self.workdir, cfg)
     # A resumed launch draws fresh initial states: its env seed derives from the run seed and the
     # env steps it resumes at, so each launch from the same checkpoint is the same, and a run
@@ -107,15 +107,16 @@ class Trainer:
         raise UserError(str(e)) from None
     self.layout = RunLayout.from_config(cfg, self.resources.plan if self.resources else None, device_env)
     self.device_sim = None
+    self.host_envs = None
     if device_env:
       self._build_device_sim(cfg, self.layout)
     else:
       self._build_host_groups(cfg, self.layout)
-    self.spec = self.adapter.spec
+    self.spec = self.envs.spec
     try:
       self.policy = make_policy(cfg.policy.name, self.spec, cfg.policy)
     except (IncompatibleObservationError, ValueError) as e:
-      self.adapter.close()
+      self.envs.close()
       raise UserError(f"policy '{cfg.policy.name}': {e}") from None
     workdir_lib.write_config(self.workdir, cfg)
 
@@ -126,7 +127,7 @@ class Trainer:
     self.tracker = EpisodeTracker(cfg.num_envs, self.spec.has_success, target=cfg.target_success)
     self.tracer = Tracer()
     self.clock = StageClock(self.tracer)
-    for adapter in (list(self.groups) if self.groups is not None else []):
+    for adapter in (list(self.host_envs) if self.host_envs is not None else []):
       if hasattr(adapter, "set_clock"):  # The render stage's draws show on the timeline.
         adapter.set_clock(self.clock)
     self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"), keep=cfg.keep_checkpoints,
@@ -176,6 +177,11 @@ class Trainer:
     place = None if mesh is None else (lambda params: jax.device_put(params, NamedSharding(mesh, P())))
     return ParamStore(select=with_value_stats, place=place)
 
+  @property
+  def envs(self):
+    """The run's simulators: its host env groups (EnvGroups) or its DeviceSim."""
+    return self.host_envs if self.host_envs is not None else self.device_sim
+
   def run_context(self) -> RunContext:
     """What the scheduler drives and reports to (ebrl/scheduler/context.py)."""
     cfg = self.cfg
@@ -184,7 +190,7 @@ class Trainer:
         sampler=self.sampler, learner=self.learner, params=self.params, clock=self.clock, tracker=self.tracker,
         log=RunLog(add_env_steps=self.add_env_steps, after_update=self.after_update, should_stop=self.should_stop,
                    note_force_started=self.note_force_started),
-        host_envs=self.groups, device_sim=self.device_sim, seed=cfg.seed, env_seed=self.env_seed,
+        host_envs=self.host_envs, device_sim=self.device_sim, seed=cfg.seed, env_seed=self.env_seed,
         max_staleness=cfg.ebrl.max_staleness, max_wait_s=cfg.ebrl.max_wait_ms / 1000.0, resources=self.resources)
 
   def train(self, total_env_steps: int | None = None) -> None:
@@ -201,7 +207,7 @@ class Trainer:
       adopt = self.resources.adopt("sim")
     try:
       with adopt:
-        self.groups = make_env_groups(
+        self.host_envs = make_env_groups(
             cfg.env.name, layout.num_groups, layout.envs_per_group, recv_batch=layout.recv_batch,
             num_threads=layout.sim_threads,
             seed=self.env_seed, max_episode_steps=cfg.env.max_episode_steps, from_pixels=cfg.env.from_pixels,
@@ -218,14 +224,12 @@ class Trainer:
     if self.resources is not None and cfg.env.render_stage:  # Draws get the render quota, not sim's.
       from sim_adapters.render_stage import render_thread_ids
       self.resources.enforcer.assign("render", render_thread_ids())
-    # One group is the plain single-adapter case the sync and random schedulers drive.
-    self.adapter = self.groups[0] if len(self.groups) == 1 else self.groups
 
   def _build_device_sim(self, cfg, layout: RunLayout) -> None:
-    """One DeviceSim over every local device, driven by the fused rollout (ebrl/scheduler/device.py).
+    """One DeviceSim over every local device, driven by the fused rollout (ebrl/scheduler/device_sync.py).
 
     With scheduler=ebrl it holds one env group (num_envs / num_groups envs); each group is its own
-    state of it (ebrl/scheduler/device_async.py). config.validate has rejected host-only schedulers.
+    state of it (ebrl/scheduler/device_ebrl.py). config.validate has rejected host-only schedulers.
     """
     from sim_adapters.mjx import make_device_sim
     from sim_adapters.mjx.device_sim import make_sim_mesh
@@ -240,15 +244,13 @@ class Trainer:
                                         max_episode_steps=cfg.env.max_episode_steps, mesh=make_sim_mesh())
     except (ValueError, RuntimeError) as e:
       raise UserError(str(e)) from None
-    self.groups = None
-    self.adapter = self.device_sim
 
   def _controller_plot(self, rows: list[dict], title: str) -> None:
     """plots/controller.png: throughput against the plan's prediction, shifts and re-plans marked."""
     from ebrl.telemetry.shift_plot import demand_shift
 
     events = list(self.resources.events)
-    for adapter in self.groups:
+    for adapter in self.host_envs:
       shifted = getattr(adapter, "shifted_at", None)
       if shifted is not None:
         events.append({"t": self.prior_wall_s + shifted - self.launch_time,
@@ -283,7 +285,7 @@ class Trainer:
     try:
       params = load_params(path, self.state.params)
     except ValueError as e:
-      self.adapter.close()
+      self.envs.close()
       raise UserError(str(e)) from None
     self.state = self.state.replace(params=params)
     tqdm.tqdm.write(f"warm start: policy params from {path}")
@@ -309,7 +311,7 @@ class Trainer:
 
   def sim_steps(self) -> int:
     """Physics steps taken; with action chunks env_steps counts decisions (one per chunk)."""
-    adapters = list(self.groups) if self.groups is not None else [self.adapter]
+    adapters = list(self.host_envs) if self.host_envs is not None else [self.device_sim]
     return sum(int(getattr(a, "sim_steps", 0)) for a in adapters)
 
   def add_env_steps(self, n: int) -> None:
@@ -396,7 +398,7 @@ class Trainer:
         "time_gen_s": stages["gen"],
         "time_train_s": stages["train"],
         "time_other_s": max(0.0, elapsed - sum(stages.values())),
-        "nan_resets": self.adapter.nan_resets,
+        "nan_resets": self.envs.nan_resets,
         **({"sim_steps": self.sim_steps()} if self.cfg.policy.chunk_size > 1 else {}),
         **metrics,
         **(self.resources.metrics() if self.resources is not None else {}),
@@ -415,7 +417,7 @@ class Trainer:
     self.checkpoint()
     self.checkpointer.close()
     self.writer.close()
-    self.adapter.close()
+    self.envs.close()
     elapsed = time.time() - self.start_time
     stages = self.clock.snapshot()
     summary = {
@@ -433,7 +435,7 @@ class Trainer:
         "final_episode_return": _finite_or_none(self.tracker.episode_return),
         "episodes": self.tracker.episodes,
         "policy_version": int(self.state.version),
-        "nan_resets": self.adapter.nan_resets,
+        "nan_resets": self.envs.nan_resets,
         "skipped_updates": _skipped(self.state),
         "stale_dropped": self.stale_dropped,
         "force_started": self.force_started,

@@ -72,13 +72,13 @@ def main(argv: list[str]) -> None:
   common.enable_compilation_cache()
   import jax  # pylint: disable=g-import-not-at-top
 
-  from ebrl import config as config_lib  # pylint: disable=g-import-not-at-top
+  from ebrl import validation  # pylint: disable=g-import-not-at-top
   from ebrl import warm_start  # pylint: disable=g-import-not-at-top
   from ebrl import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   from ebrl.errors import UserError  # pylint: disable=g-import-not-at-top
   from policies import IncompatibleObservationError, make_policy  # pylint: disable=g-import-not-at-top
 
-  config_lib.validate(cfg, jax.local_device_count())
+  validation.validate(cfg, jax.local_device_count())
   try:
     demos = warm_start.load_demos(_DEMOS.value)
   except ValueError as e:

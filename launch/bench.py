@@ -161,17 +161,17 @@ def _check_window_flags() -> None:
 
 def _check_entry_flags() -> None:
   """--schedulers and --resources name each entry once; results are keyed by entry."""
-  from ebrl import config as config_lib  # pylint: disable=g-import-not-at-top
+  from ebrl import validation  # pylint: disable=g-import-not-at-top
   from ebrl.errors import UserError
 
   if not _SCHEDULERS.value:
-    raise UserError(f"--schedulers is empty; name at least one of {', '.join(config_lib.SCHEDULERS)}")
+    raise UserError(f"--schedulers is empty; name at least one of {', '.join(validation.SCHEDULERS)}")
   for name in _SCHEDULERS.value:
-    if name not in config_lib.SCHEDULERS:
-      raise UserError(f"unknown scheduler '{name}'; valid: {', '.join(config_lib.SCHEDULERS)}")
+    if name not in validation.SCHEDULERS:
+      raise UserError(f"unknown scheduler '{name}'; valid: {', '.join(validation.SCHEDULERS)}")
   for mode in _RESOURCES.value:
-    if mode not in config_lib.RESOURCE_MODES:
-      raise UserError(f"unknown --resources mode '{mode}'; valid: {', '.join(config_lib.RESOURCE_MODES)}")
+    if mode not in validation.RESOURCE_MODES:
+      raise UserError(f"unknown --resources mode '{mode}'; valid: {', '.join(validation.RESOURCE_MODES)}")
   for flag, values in (("schedulers", _SCHEDULERS.value), ("resources", _RESOURCES.value)):
     twice = sorted({v for v in values if values.count(v) > 1})
     if twice:
@@ -278,10 +278,10 @@ def main(argv: list[str]) -> None:
   entries = _entries()
   base = _base_config()
   common.enable_compilation_cache()
-  from ebrl import config as config_lib  # pylint: disable=g-import-not-at-top
+  from ebrl import validation  # pylint: disable=g-import-not-at-top
   import jax
   for name in entries:  # Every scheduler's config, before anything runs.
-    config_lib.validate(_entry_config(name, base), jax.local_device_count())
+    validation.validate(_entry_config(name, base), jax.local_device_count())
   _check_outputs(entries)  # Last: it makes directories, which a bad flag should not leave behind.
 
   results = _run_all(entries, base)

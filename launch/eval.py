@@ -64,7 +64,7 @@ def _restore(workdir: str, cfg, policy):
 
 def _check_flags() -> None:
   """The flags, before the run is read or any env built."""
-  from ebrl.config import SEED_MAX  # pylint: disable=g-import-not-at-top
+  from ebrl.validation import SEED_MAX  # pylint: disable=g-import-not-at-top
 
   if not _CHECKPOINT.value:
     common.fail("--checkpoint=<run workdir> is required")

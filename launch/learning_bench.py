@@ -62,7 +62,7 @@ CURVE_POINTS = 300  # Points per run kept in the JSON (plots need no more).
 
 def _check_flags() -> tuple[list[int], list[int]]:
   """Every flag, and the output path, before the first run (a late error would waste them)."""
-  from ebrl.config import SCHEDULERS
+  from ebrl.validation import SCHEDULERS
   from sim_adapters import UnknownEnvError, check_env_name
   for task in _TASKS.value:
     try:

@@ -69,7 +69,7 @@ def main(argv: list[str]) -> None:
   common.enable_compilation_cache()
   import jax  # pylint: disable=g-import-not-at-top
 
-  from ebrl import config as config_lib
+  from ebrl import validation
   from ebrl.errors import UserError
   from ebrl.resources import planner, profiler
   from ebrl.resources.inventory import take_inventory
@@ -81,7 +81,7 @@ def main(argv: list[str]) -> None:
   cfg.env.name, cfg.policy.name, cfg.scheduler = _ENV.value, _POLICY.value, "ebrl"
   if _NUM_ENVS.value is not None:
     cfg.num_envs = _NUM_ENVS.value
-  config_lib.validate(cfg, jax.local_device_count())
+  validation.validate(cfg, jax.local_device_count())
   if is_device_env(cfg.env.name):
     raise UserError(f"env '{cfg.env.name}' is a device simulator; launch.profile plans host env stages "
                     "(MetaWorld/..., EnvPool ids)")

@@ -76,6 +76,13 @@ def action_size(policy, spec: EnvSpec) -> int:
   return int(getattr(policy, "action_size", spec.action_dim))
 
 
+def state_value(policy, params: Params, obs: Obs, width: int) -> jax.Array:
+  """V(obs) from the policy's critic: `evaluate` at a placeholder action of `width` (the value
+  does not depend on it). The sampler's bootstrap values and the device rollout's use this."""
+  n = next(iter(obs.values())).shape[0]
+  return policy.evaluate(params, obs, jnp.zeros((n, width)))[2]
+
+
 def check_chunk(spec: EnvSpec, chunk_size: int) -> None:
   """ValueError unless chunks of `chunk_size` actions tile the env's action_dim as the env runs them."""
   if chunk_size < 1 or spec.action_dim % chunk_size:

@@ -113,11 +113,11 @@ def make_adapter(name: str, num_envs: int, *, batch_size: int | None = None, num
   simulator = adapter  # The wrappers below leave its frames to draw (render stage).
   if straggler_fraction != 0.0 or straggler_slowdown != 1.0:
     # Wrapped whenever either is set, so bad values are rejected; no delay when inactive.
-    from sim_adapters.straggler import StragglerAdapter
+    from sim_adapters.instruments.straggler import StragglerAdapter
     adapter = StragglerAdapter(adapter, straggler_fraction, straggler_slowdown, seed=seed,
                                per_env_step_s=straggler_step_s)
   if shift_sim_us:
-    from sim_adapters.demand_shift import DemandShiftAdapter
+    from sim_adapters.instruments.demand_shift import DemandShiftAdapter
     adapter = DemandShiftAdapter(adapter, shift_at_s, shift_sim_us)
   if chunk_size > 1:
     from sim_adapters.chunks import ChunkAdapter

@@ -30,17 +30,17 @@ from typing import Callable
 import numpy as np
 
 from sim_adapters.base import ObsSpec, StepBatch
-from sim_adapters.workers import StageWorkers
+from sim_adapters.workers import WorkerPool
 
-_renderer: StageWorkers | None = None  # The process's render thread, started by the first RenderStage.
+_renderer: WorkerPool | None = None  # The process's render thread, started by the first RenderStage.
 _renderer_lock = threading.Lock()
 
 
-def _render_workers() -> StageWorkers:
+def _render_workers() -> WorkerPool:
   global _renderer
   with _renderer_lock:
     if _renderer is None:
-      _renderer = StageWorkers(1, "ebrl-render")
+      _renderer = WorkerPool(1, "ebrl-render")
       _renderer.start()
     return _renderer
 

@@ -15,7 +15,7 @@ import threading
 from typing import Any, Callable
 
 
-class StageWorkers:
+class WorkerPool:
 
   def __init__(self, count: int, name: str):
     if count < 1:

@@ -24,7 +24,7 @@ import jax  # pylint: disable=g-import-not-at-top
 import numpy as np
 
 from ebrl import normalizer
-from ebrl.scheduler.device import make_collect
+from ebrl.scheduler.device_sync import make_collect
 from policies.mlp import MLPPolicy
 from sim_adapters.mjx import make_device_sim
 from sim_adapters.mjx.device_sim import make_sim_mesh

@@ -18,13 +18,14 @@ import pytest
 
 from fake_env import FakeAsyncEnv
 from interrupt import interrupt_run
-from ebrl.assembler import TrajectoryAssembler
+from ebrl.trajectories.assembler import TrajectoryAssembler
 from ebrl.learner import Learner, LearnerConfig
-from ebrl.rollout import RolloutBuffer
+from ebrl.trajectories.rollout_buffer import RolloutBuffer
 from ebrl.sampler import Actions
 from ebrl.scheduler import make_scheduler
 from ebrl.trainer import Trainer
-from ebrl.trajectory_queue import TrajectoryQueue, fresh_mask
+from ebrl.algorithms.staleness import fresh_mask
+from ebrl.trajectories.queue import TrajectoryQueue
 from launch.configs import default
 from policies.mlp import MLPPolicy
 from sim_adapters import make_adapter
@@ -91,7 +92,7 @@ def test_assembler_matches_sync_rollout_on_a_deterministic_env(split):
 
 def _ebrl_with_fake_envs(tmp_path, *, eta: int, group_envs: int, recv_batch: int, step_s, seed: int,
                          updates: int, learner_s: float = 0.0, groups: int = 2, jitter: float = 0.5):
-  """A real ebrl run (AsyncScheduler, queue, assembler, sampler, learner) over FakeAsyncEnv groups.
+  """A real ebrl run (EbrlScheduler, queue, assembler, sampler, learner) over FakeAsyncEnv groups.
 
   Returns the scheduler, the trainer, every batch the learner took as (learner version, segments),
   and the per-update metrics.
@@ -105,12 +106,11 @@ def _ebrl_with_fake_envs(tmp_path, *, eta: int, group_envs: int, recv_batch: int
   cfg.algorithm.num_minibatches = 1
   cfg.total_env_steps = updates * cfg.num_envs * cfg.rollout_length
   trainer = Trainer(cfg, str(tmp_path), progress=False)
-  trainer.groups.close()
+  trainer.host_envs.close()
   rng = np.random.default_rng(seed)
-  trainer.groups = EnvGroups([
+  trainer.host_envs = EnvGroups([
       FakeAsyncEnv(trainer.spec, group_envs, recv_batch, rng.uniform(0.2, 1.0, group_envs) * step_s,
                    seed=seed + g, jitter=jitter) for g in range(groups)])
-  trainer.adapter = trainer.groups
   scheduler = make_scheduler("ebrl", trainer.run_context())
   taken, seen = [], []
   get_batch = scheduler.queue.get_batch
@@ -332,7 +332,7 @@ def test_stage_exception_surfaces_as_the_runs_error(tmp_path):
   with pytest.raises(FloatingPointError, match="learner exploded"):
     make_scheduler("ebrl", trainer.run_context()).run(trainer.state, 10**9)
   assert not _stage_threads()
-  trainer.adapter.close()
+  trainer.envs.close()
 
 
 def test_ctrl_c_stops_threads_saves_checkpoint_and_summary(tmp_path):

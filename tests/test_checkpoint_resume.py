@@ -89,7 +89,7 @@ def test_resume_restores_state_counters_and_rng(first_run, tmp_path):
   assert list(resumed.tracker.recent) == list(done.tracker.recent)
   # The same rollout gives the same update from the restored state as from the original.
   rng = np.random.default_rng(0)
-  from ebrl.rollout import RolloutBuffer  # pylint: disable=g-import-not-at-top
+  from ebrl.trajectories.rollout_buffer import RolloutBuffer  # pylint: disable=g-import-not-at-top
   buf = RolloutBuffer(done.spec, 8, 4)
   buf.obs["state"][:] = rng.normal(size=buf.obs["state"].shape)
   buf.actions[:] = rng.normal(size=buf.actions.shape)

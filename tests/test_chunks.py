@@ -169,7 +169,7 @@ def test_per_row_discount_reaches_the_learners_targets():
   """A truncated row cut short bootstraps with its own discount, through the rollout buffer and GAE."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from ebrl.algorithms.gae import gae
-  from ebrl.rollout import RolloutBuffer
+  from ebrl.trajectories.rollout_buffer import RolloutBuffer
   from ebrl.sampler import Actions
 
   spec = Scripted([5]).spec

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from sim_adapters.base import StepBatch
-from sim_adapters.demand_shift import DemandShiftAdapter
+from sim_adapters.instruments.demand_shift import DemandShiftAdapter
 
 
 class Recording:

@@ -102,13 +102,13 @@ def test_no_import_cycle():
 
 
 @pytest.mark.parametrize("low,high", [
-    ("ebrl.layout", "ebrl.config"),
+    ("ebrl.layout", "ebrl.validation"),
     ("ebrl.layout", "ebrl.resources.manager"),
     ("ebrl.resources.profiler", "ebrl.trainer"),
     ("ebrl.scheduler.sync", "ebrl.trainer"),
-    ("ebrl.scheduler.asynchronous", "ebrl.trainer"),
-    ("ebrl.scheduler.device", "ebrl.trainer"),
-    ("ebrl.scheduler.device_async", "ebrl.trainer"),
+    ("ebrl.scheduler.ebrl", "ebrl.trainer"),
+    ("ebrl.scheduler.device_sync", "ebrl.trainer"),
+    ("ebrl.scheduler.device_ebrl", "ebrl.trainer"),
     ("sim_adapters.base", "ebrl.learner"),
     ("policies.base", "ebrl.learner"),
 ])

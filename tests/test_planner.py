@@ -124,7 +124,8 @@ def test_bound_is_cores_over_cheapest_total_and_never_below_a_plan():
 
 def test_replanning_keeps_what_a_running_run_cannot_change():
   p = synthetic()
-  plan = planner.plan_auto(p.scaled("sim", 2.0), (0, 1, 2, 3), SHAPE, fixed=(2, 8))
+  heavier = synthetic(sim_step=200.0, sim_call=1600.0)  # Every sim cost of `p` doubled.
+  plan = planner.plan_auto(heavier, (0, 1, 2, 3), SHAPE, fixed=(2, 8))
   assert (plan.num_groups, plan.recv_batch) == (2, 8)
   assert plan.stage_cost_us["sim"] == pytest.approx(2 * p.sim_cpu_us(8))
 

@@ -88,7 +88,7 @@ def test_warm_start_applies_on_a_first_launch_with_resume_true(finished, tmp_pat
   for a, b in zip(leaves(again.state.params), leaves(trainer.state.params)):
     np.testing.assert_array_equal(a, b)
   assert "not applied" in capsys.readouterr().out
-  again.adapter.close()
+  again.envs.close()
 
 
 # -- workdirs ------------------------------------------------------------------------
@@ -126,7 +126,7 @@ def test_resume_may_change_the_budget_and_logging(finished, tmp_path):
   cfg.log_every_s, cfg.keep_checkpoints, cfg.target_success = 0.5, 5, 0.5
   trainer = Trainer(cfg, str(workdir), progress=False)
   assert trainer.env_steps == 128
-  trainer.adapter.close()
+  trainer.envs.close()
 
 
 @pytest.mark.parametrize("args,expected", [
@@ -152,9 +152,9 @@ def test_used_workdir_on_the_command_line_is_one_line(finished):
 
 def _first_obs(trainer) -> np.ndarray:
   from sim_adapters.base import gather_all  # pylint: disable=g-import-not-at-top
-  trainer.adapter.reset()
-  obs = gather_all(trainer.adapter, trainer.cfg.num_envs).obs["state"]
-  trainer.adapter.close()
+  trainer.host_envs[0].reset()
+  obs = gather_all(trainer.host_envs[0], trainer.cfg.num_envs).obs["state"]
+  trainer.envs.close()
   return obs
 
 
@@ -181,10 +181,10 @@ def test_best_success_of_zero_survives_resume(finished, tmp_path):
   trainer.env_steps = 200
   trainer.checkpoint()
   trainer.checkpointer.close()
-  trainer.adapter.close()
+  trainer.envs.close()
   again = Trainer(tiny(256, resume=True), str(workdir), progress=False)
   assert again.env_steps == 200 and again.best_success_rate == 0.0
-  again.adapter.close()
+  again.envs.close()
 
 
 def test_checkpoint_reads_env_steps_once(finished, tmp_path):
@@ -208,11 +208,11 @@ def test_checkpoint_reads_env_steps_once(finished, tmp_path):
   trainer.__class__ = Moving
   trainer.checkpoint()
   trainer.checkpointer.close()
-  trainer.adapter.close()
+  trainer.envs.close()
   steps = sorted(int(d) for d in os.listdir(workdir / "checkpoints") if d.isdigit())
   restored = Trainer(tiny(256, resume=True), str(workdir), progress=False)
   assert restored.env_steps == steps[-1] > 300
-  restored.adapter.close()
+  restored.envs.close()
 
 
 # -- the learning-rate schedule ends with the run's last update ----------------------
@@ -283,7 +283,7 @@ def test_pipelined_run_trains_over_its_stages_and_writes_the_outputs(tmp_path):
   assert summary["scheduler"] == "pipelined" and summary["env_steps"] == 256 and summary["policy_version"] == 8
   assert summary["episodes"] > 0 and summary["skipped_updates"] == 0
   lanes = {s.lane for s in trainer.tracer.spans()}
-  assert {"stage0", "stage1"} <= lanes
+  assert {"partition0", "partition1"} <= lanes
   rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   assert [r["policy_version"] for r in rows] == sorted(r["policy_version"] for r in rows)
   assert all(r["staleness"] == 0 for r in rows if "staleness" in r)

@@ -558,7 +558,7 @@ def test_mt10_receiver_error_ends_an_ebrl_run(tmp_path):
   cfg.policy.hidden, cfg.algorithm.epochs, cfg.algorithm.num_minibatches = (16, 16), 1, 2
   cfg.total_env_steps, cfg.checkpoint_every_s = 10**9, 1e9
   trainer = Trainer(cfg, str(tmp_path), progress=False)
-  sub = trainer.adapter._subs[5]  # pylint: disable=protected-access
+  sub = trainer.host_envs[0]._subs[5]  # pylint: disable=protected-access
   recv, failed_at = sub.recv, []
 
   def flaky():
@@ -573,5 +573,5 @@ def test_mt10_receiver_error_ends_an_ebrl_run(tmp_path):
     make_scheduler("ebrl", trainer.run_context()).run(trainer.state, cfg.total_env_steps)
   assert time.time() - failed_at[0] < 10  # The run ended with the receiver's error within 10 s.
   close_start = time.time()
-  trainer.adapter.close()
+  trainer.envs.close()
   assert time.time() - close_start < 2.0

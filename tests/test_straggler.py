@@ -1,4 +1,4 @@
-"""StragglerAdapter (sim_adapters/straggler.py): injected slow envs for straggler-immunity benchmarks.
+"""StragglerAdapter (sim_adapters/instruments/straggler.py): injected slow envs for straggler-immunity benchmarks.
 
 Real EnvPool adapters (4 envs sync, 8 envs async with batch_size 2) check the
 behaviour that matters to a benchmark: a synchronous step waits for the
@@ -18,7 +18,7 @@ import pytest
 
 from sim_adapters.base import EnvSpec, ObsSpec, StepBatch
 from sim_adapters.base import concat_sorted, gather_all
-from sim_adapters.straggler import StragglerAdapter, straggler_set
+from sim_adapters.instruments.straggler import StragglerAdapter, straggler_set
 
 STEP_S = 0.02  # the fixed per-env step time every timing test uses
 SLOWDOWN = 5.0

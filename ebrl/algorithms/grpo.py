@@ -59,8 +59,7 @@ def group_relative_advantages(rewards: jax.Array, dones: jax.Array, mask: jax.Ar
   chex.assert_rank([rewards, dones, mask], 2)
   chex.assert_equal_shape([rewards, dones, mask])
   t, n = rewards.shape
-  if group_size < 1 or n % group_size:
-    raise ValueError(f"group_size={group_size} must be >= 1 and divide the {n} envs of the rollout")
+  check_group_size(group_size, n)
   valid = mask.astype(bool)
   returns = discounted_returns(jnp.where(valid, rewards, 0.0), dones, gamma)
   g = returns.reshape(t, n // group_size, group_size)
@@ -78,6 +77,12 @@ def group_relative_advantages(rewards: jax.Array, dones: jax.Array, mask: jax.Ar
   return jax.lax.stop_gradient(adv.reshape(t, n))
 
 
+def check_group_size(group_size: int, num_envs: int) -> None:
+  """Groups are consecutive envs: group_size must divide the env count."""
+  if group_size < 1 or num_envs % group_size:
+    raise ValueError(f"group_size={group_size} must be >= 1 and divide num_envs={num_envs}")
+
+
 def grouped_env_seeds(num_envs: int, group_size: int, seed: int) -> list[int]:
   """EnvPool per-env seeds (`env_seed`) that give every env of a group the same initial states.
 
@@ -85,6 +90,5 @@ def grouped_env_seeds(num_envs: int, group_size: int, seed: int) -> list[int]:
   stream, so they reset to the same state as long as they reset together
   (episodes of a fixed length, as MetaWorld's truncation, keep them in step).
   """
-  if group_size < 1 or num_envs % group_size:
-    raise ValueError(f"group_size={group_size} must be >= 1 and divide num_envs={num_envs}")
+  check_group_size(group_size, num_envs)
   return [int(seed) + i // group_size for i in range(num_envs)]

@@ -21,14 +21,14 @@ re-pinned, new batch shapes may compile):
               EMA restarts from them, so a step change re-plans once instead
               of over and over while the EMA catches up.
 
-What it compares with. `reference="plan"` compares with the plan's own costs
-(when telemetry measures the same quantity the profile did). In a run, stage
-clocks measure *wall* µs a stage's thread was busy per env step, which is not
-the profile's CPU µs (a recv waits for EnvPool's workers; a sampler call waits
-for XLA's threads). `reference="measured"` therefore takes the mean of the
-first `dwell` full windows under a plan as the reference and watches for
-drift from it; the planner is then told the *ratio* measured / reference per
-stage, which is unit-free.
+What it compares with. Not the plan's own costs: stage clocks measure *wall*
+µs a stage's thread was busy per env step, which is not the profile's CPU µs
+(a recv waits for EnvPool's workers; a sampler call waits for XLA's threads),
+so a run would look drifted from its first window. The controller therefore
+takes the mean of the first `dwell` full windows under a plan as the
+reference and watches for drift from it; a re-plan hands on the measured
+costs, which the caller compares with that reference (same clocks, same
+units), never with the profile.
 
 Pure logic: no threads, no clocks, no JAX; the caller feeds Telemetry.
 """
@@ -51,8 +51,6 @@ class Telemetry:
   env_steps: int  # Cumulative.
   cpu_s: float  # Cumulative process CPU seconds.
   busy_s: dict[str, float]  # Stage -> cumulative wall seconds busy ("assemble" may be missing).
-  queue_depth: int = 0  # Segments waiting for the learner.
-  staleness_mean: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,42 +63,25 @@ class Decision:
   measured_cost_us: dict[str, float]  # What the planner was given, µs per env step.
   reference_cost_us: dict[str, float] = dataclasses.field(default_factory=dict)  # What it drifted from.
 
-  def to_metrics(self) -> dict[str, float | str]:
-    """Flat fields for metrics.jsonl, next to the row of the update that re-planned."""
-    out: dict[str, float | str] = {
-        "controller_t": float(self.t),
-        "controller_kind": self.kind,
-        "controller_reason": self.reason,
-        "controller_bottleneck": self.new_plan.bottleneck,
-        "controller_predicted_env_steps_per_s": float(self.new_plan.predicted_env_steps_per_s),
-        "controller_old_predicted_env_steps_per_s": float(self.old_plan.predicted_env_steps_per_s),
-    }
-    for s, v in self.measured_cost_us.items():
-      out[f"controller_measured_{s}_us"] = float(v)
-    for s, v in (self.reference_cost_us or self.old_plan.stage_cost_us).items():
-      out[f"controller_planned_{s}_us"] = float(v)
-    return out
-
 
 class Controller:
-  """Compares measured stage costs per env step with the plan's, and re-plans on drift.
+  """Compares measured stage costs per env step with the first windows', and re-plans on drift.
 
-  `replan` gets every stage of the plan with its measured µs per env step (the
-  planned value where nothing was measured) and returns the new Plan.
+  `replan` gets every stage of the reference ("cpu" too) with its measured µs
+  per env step (its smoothed value where the drifting windows lack it) and
+  returns the new Plan. Stages never measured are not in the reference.
   """
 
   def __init__(self, plan: Plan, replan: Callable[[dict[str, float]], Plan], *,
                interval_s: float = 5.0, drift: float = 0.25, dwell: int = 2,
                cooldown_s: float = 15.0, smoothing: float = 0.5, min_steps: int = 1000,
-               reference: str = "plan", floor_share: float = 0.0):
+               floor_share: float = 0.0):
     if not 0.0 < smoothing <= 1.0:
       raise ValueError(f"smoothing must be in (0, 1], got {smoothing}")
-    if reference not in ("plan", "measured"):
-      raise ValueError(f"reference must be 'plan' or 'measured', got {reference!r}")
     self.plan = plan
-    self._from_measured = reference == "measured"
-    # Stage -> µs per env step that counts as "as planned"; None until measured (reference="measured").
-    self.reference: dict[str, float] | None = None if self._from_measured else dict(plan.stage_cost_us)
+    # Stage -> µs per env step that counts as "as planned": None until the first `dwell` full
+    # windows have measured it; a re-plan re-anchors it to what it planned with.
+    self.reference: dict[str, float] | None = None
     self._settling: list[dict[str, float]] = []
     self.replan = replan
     self.interval_s = interval_s
@@ -143,7 +124,7 @@ class Controller:
             for s in tel.busy_s if s in a.busy_s}
     cost[CPU] = (tel.cpu_s - a.cpu_s) / steps * 1e6
     self.last_measured_cost_us = cost
-    if self.reference is None:  # reference="measured": the first full windows set it.
+    if self.reference is None:  # The first full windows set it.
       self._settling.append(cost)
       if len(self._settling) >= self.dwell:
         self.reference = {s: sum(c[s] for c in self._settling if s in c) / len(self._settling)
@@ -180,7 +161,7 @@ class Controller:
     return any(abs(d) > self.drift for d in self._deviations().values())
 
   def _estimate(self) -> dict[str, float]:
-    """Measured cost of every planned stage: the mean over the latest drifting windows.
+    """Measured cost of every referenced stage: the mean over the latest drifting windows.
 
     The EMA lags a step change (two windows at weight 0.5 reach only 3/4 of it),
     while every window of the streak already belongs to the new regime, so their
@@ -188,9 +169,9 @@ class Controller:
     few windows only, so a persistent oscillation costs bounded memory.
     """
     out = {}
-    for s, planned in (self.reference or {}).items():
+    for s, ref in (self.reference or {}).items():
       vals = [w[s] for w in self._streak if s in w]
-      out[s] = sum(vals) / len(vals) if vals else self._ema.get(s, planned)
+      out[s] = sum(vals) / len(vals) if vals else self._ema.get(s, ref)
     return out
 
   def _replan(self, t: float, measured: dict[str, float]) -> Decision:

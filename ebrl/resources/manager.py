@@ -89,8 +89,7 @@ class ResourceManager:
     self.controller = None
     if cfg.resources == "auto" and cfg.quotas.control_interval_s > 0:
       self.controller = Controller(self.plan, self._replan, interval_s=cfg.quotas.control_interval_s,
-                                   cooldown_s=3 * cfg.quotas.control_interval_s, reference="measured",
-                                   floor_share=1.0)
+                                   cooldown_s=3 * cfg.quotas.control_interval_s, floor_share=1.0)
     self._t0 = time.time()
     self._mesa_threads = 0
     self.events: list[dict] = []  # {"t": run wall_s, "label"} for the controller plot.
@@ -139,8 +138,7 @@ class ResourceManager:
     cpu = os.times()
     busy = trainer.clock.snapshot()
     tel = Telemetry(t=time.time() - self._t0, env_steps=trainer.env_steps, cpu_s=cpu.user + cpu.system,
-                    busy_s={s: busy[s] for s in ("sim", "render", "gen", "train") if s in busy},
-                    staleness_mean=trainer.staleness_mean())
+                    busy_s={s: busy[s] for s in ("sim", "render", "gen", "train") if s in busy})
     decision = self.controller.observe(tel)
     if decision is not None:
       self.plan = decision.new_plan

@@ -154,30 +154,6 @@ class Profile:
       d["render"] = None
     return cls(**d)
 
-  def scaled(self, stage: str, factor: float) -> "Profile":
-    """This profile with one stage's costs multiplied (runtime feedback: the stage got heavier)."""
-    d = json.loads(json.dumps(self.to_dict()))
-    if stage == "sim":
-      for p in d["sim"]:
-        p["cpu_us_per_step"] *= factor
-        p["env_steps_per_s"] /= factor
-    elif stage == "gen":
-      for p in d["gen"]:
-        p["cpu_us"] *= factor
-        p["wall_us"] *= factor
-    elif stage == "train":
-      for p in d["train"]:
-        p["cpu_s"] *= factor
-        p["wall_s"] *= factor
-    elif stage == "assemble":
-      for p in d["assemble"]:
-        p["cpu_us"] *= factor
-    elif stage == "render":
-      for p in d["render"] or ():
-        p["cpu_us"] *= factor
-        p["wall_us"] *= factor
-    return Profile.from_dict(d)
-
   def with_extra(self, stage: str, us_per_step: float) -> "Profile":
     """This profile with `us_per_step` CPU µs added to every env step of one stage (negative: removed).
 
@@ -363,7 +339,7 @@ def measure_train(learner, spec, horizon: int, segments: list[int], seconds: flo
 
 def measure_assemble(spec, num_envs: int, horizon: int, batches: list[int], seconds: float) -> list[dict[str, float]]:
   """Host bookkeeping per batch: closing transitions, starting new ones, episode stats."""
-  from ebrl.assembler import TrajectoryAssembler
+  from ebrl.trajectories.assembler import TrajectoryAssembler
   from ebrl.sampler import Actions
   from ebrl.telemetry.episodes import EpisodeTracker
   from sim_adapters.base import StepBatch

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ebrl.rollout import RolloutBuffer
+from ebrl.trajectories.rollout_buffer import RolloutBuffer
 from ebrl.scheduler.context import RunContext, update_and_publish
 from ebrl.types import TrainState
 from sim_adapters.base import gather_all
@@ -32,7 +32,7 @@ class PipelinedScheduler:
     buf = RolloutBuffer(ctx.spec, horizon, n, ctx.action_size)
     obs = []
     for s in parts:
-      with clock.stage("sim", lane=f"stage{s}"):
+      with clock.stage("sim", lane=f"partition{s}"):
         groups[s].reset()
         first = gather_all(groups[s], groups[s].num_envs)
       ctx.tracker.observe(groups.to_global(s, first))
@@ -44,7 +44,7 @@ class PipelinedScheduler:
         pending[s] = self._generate_and_send(s, obs[s])
       for step in range(horizon):
         for s in parts:
-          with clock.stage("sim", lane=f"stage{s}"):
+          with clock.stage("sim", lane=f"partition{s}"):
             result = gather_all(groups[s], groups[s].num_envs)
           acts, version = pending[s]
           buf.store(step, obs[s], acts, version, result, cols[s])

@@ -9,7 +9,7 @@ one stage; the StageClock says which.
 from __future__ import annotations
 
 from ebrl.acting import host_step
-from ebrl.rollout import RolloutBuffer
+from ebrl.trajectories.rollout_buffer import RolloutBuffer
 from ebrl.scheduler.context import RunContext, update_and_publish
 from ebrl.types import TrainState
 from sim_adapters.base import gather_all

@@ -33,7 +33,7 @@ import time
 import numpy as np
 
 from sim_adapters.base import StepBatch
-from sim_adapters.workers import StageWorkers
+from sim_adapters.workers import WorkerPool
 
 _BUFFER = bytes(64 * 1024)
 
@@ -54,7 +54,7 @@ class DemandShiftAdapter:
     self.inner, self.at_s, self.extra_us = inner, at_s, extra_us
     self._start: float | None = None
     self.shifted_at: float | None = None  # time.time() when the shift began (for plots).
-    self._workers = StageWorkers(workers or len(os.sched_getaffinity(0)), "shift")
+    self._workers = WorkerPool(workers or len(os.sched_getaffinity(0)), "shift")
     self._done: dict[int, concurrent.futures.Future] = {}  # env id -> its share of the work.
 
   def __getattr__(self, name: str):

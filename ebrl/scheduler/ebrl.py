@@ -41,10 +41,10 @@ import time
 
 import numpy as np
 
-from ebrl.assembler import Segment, TrajectoryAssembler
+from ebrl.trajectories.assembler import Segment, TrajectoryAssembler
 from ebrl.scheduler.context import RunContext
-from ebrl.scheduler.stage_threads import POLL_S, StageThreads, learner_loop
-from ebrl.trajectory_queue import TrajectoryQueue
+from ebrl.scheduler.loop_threads import POLL_S, LoopThreads, learner_loop
+from ebrl.trajectories.queue import TrajectoryQueue
 from ebrl.types import SegmentBatch, TrainState
 from sim_adapters.base import StepBatch, concat_batches
 
@@ -67,7 +67,7 @@ def _rows(b: StepBatch, idx: np.ndarray) -> dict[str, np.ndarray]:
   return {k: v[idx] for k, v in b.obs.items()}
 
 
-class AsyncScheduler:
+class EbrlScheduler:
   # Training runs beside the rollout (only the staleness bound couples them), so the
   # rollout rate is the e2e rate.
   overlaps_training = True
@@ -90,7 +90,7 @@ class AsyncScheduler:
     self._replies = [queue.Queue() for _ in range(len(self.groups))]
     self._late = [queue.Queue() for _ in range(len(self.groups))]
     self._parked: list[tuple[int, np.ndarray, dict[str, np.ndarray]]] = []  # (group, local ids, obs)
-    self._stages = StageThreads()
+    self._stages = LoopThreads()
     self._stop = self._stages.stop
     # Set by a group that cannot recv (too few envs in flight for a whole batch) and
     # got no parked actions for a while; cleared when it can recv or sends again.

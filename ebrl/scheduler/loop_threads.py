@@ -1,4 +1,4 @@
-"""Stage threads of an asynchronous scheduler: started together, stopped together.
+"""The loop threads of an asynchronous scheduler: started together, stopped together.
 
 Why one place: both asynchronous schedulers (host env groups and device
 groups) need the same guarantees, and they are easy to get subtly wrong. The
@@ -22,7 +22,7 @@ _JOIN_S = 10.0  # A stage thread polls its stop flag at least this often, unless
 _STEP_JOIN_S = 300.0  # The longest a stop waits for a thread's current step (a first compile).
 
 
-class StageThreads:
+class LoopThreads:
 
   def __init__(self, log: Callable[[str], None] = print):
     self.stop = threading.Event()  # Stage loops poll it; setting it ends the run.
@@ -52,7 +52,7 @@ class StageThreads:
     if self.errors:
       raise self.errors[0]
     if alive:
-      raise RuntimeError(f"stage threads did not stop within {_JOIN_S + _STEP_JOIN_S:.0f} s: {alive}")
+      raise RuntimeError(f"loop threads did not stop within {_JOIN_S + _STEP_JOIN_S:.0f} s: {alive}")
     if interrupted:
       raise KeyboardInterrupt
 

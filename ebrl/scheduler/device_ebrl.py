@@ -30,7 +30,7 @@ no straggler wait. With eta = 0 every batch comes from the params the update
 starts from: exactly sync PPO on the same data (tests/test_mjx_async.py).
 
 Truncated episodes: the collect folds gamma * V(final_obs) / reward_scale into
-the reward of a truncated step and marks it terminal (ebrl/scheduler/device.py),
+the reward of a truncated step and marks it terminal (ebrl/scheduler/device_sync.py),
 here with the *behaviour* params. Carrying final_obs instead would add a
 second [T, B] observation tensor to every batch and a new SegmentBatch field
 for a value needed on one step in an episode. With eta = 0 the behaviour
@@ -52,9 +52,9 @@ import jax
 import jax.numpy as jnp
 
 from ebrl.scheduler.context import RunContext
-from ebrl.scheduler.device import Finished, add_finished_episodes, device_keys, make_collect
-from ebrl.scheduler.stage_threads import POLL_S, StageThreads, learner_loop
-from ebrl.trajectory_queue import TrajectoryQueue
+from ebrl.scheduler.device_sync import Finished, add_finished_episodes, device_keys, make_collect
+from ebrl.scheduler.loop_threads import POLL_S, LoopThreads, learner_loop
+from ebrl.trajectories.queue import TrajectoryQueue
 from ebrl.types import SegmentBatch, TrainState
 from policies.base import Policy
 from sim_adapters.mjx.device_sim import DeviceSim, SimState
@@ -87,7 +87,7 @@ def concat_batches(batches: list[SegmentBatch]) -> SegmentBatch:
   return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=1), *batches)
 
 
-class DeviceAsyncScheduler:
+class DeviceEbrlScheduler:
   # Training runs beside the rollout (only the staleness bound couples them), so the
   # rollout rate is the e2e rate.
   overlaps_training = True
@@ -100,7 +100,7 @@ class DeviceAsyncScheduler:
     per_group = ctx.layout.envs_per_group
     chex.assert_equal(self.sim.num_envs, per_group)
     segments = ctx.layout.segments_per_update
-    if segments % per_group:  # ebrl/config.py rejects this first; kept for direct construction.
+    if segments % per_group:  # ebrl/validation.py rejects this first; kept for direct construction.
       raise ValueError(f"ebrl.segments_per_update={segments} must be a multiple of the {per_group} envs per group")
     self.queue = TrajectoryQueue(segments // per_group, ctx.max_staleness)
     lc = ctx.learner.cfg
@@ -114,7 +114,7 @@ class DeviceAsyncScheduler:
     self._next = 0  # The ticket the learner gets next.
     self._compile = threading.Lock()  # The first collect compiles once, not once per group.
     self._nan_resets = [0] * self.num_groups
-    self._stages = StageThreads()
+    self._stages = LoopThreads()
     self._stop = self._stages.stop
 
   # -- lifecycle --------------------------------------------------------------

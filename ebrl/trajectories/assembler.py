@@ -12,7 +12,7 @@ Protocol, per batch of ready rows (global env ids):
      (their segments are emitted through `emit`);
   2. `begin(env_ids, start_version, forced)` for the envs whose next action
      starts a segment (`needs_new_segment`): the queue's grant, which the
-     segment carries to the learner (ebrl/trajectory_queue.py);
+     segment carries to the learner (ebrl/trajectories/queue.py);
   3. `start(env_ids, obs, actions, version)` records the action just generated
      for each env's observation as the env's new pending transition.
 A row of an env with no pending transition (its first reset) only starts one.

@@ -33,14 +33,6 @@ import threading
 from typing import Any
 
 
-def fresh_mask(learner_version, sample_version, max_staleness: int):
-  """Samples an update at `learner_version` may use: at most max_staleness versions old.
-
-  Works on NumPy and JAX arrays alike (the learner calls it inside its jit).
-  """
-  return (learner_version - sample_version) <= max_staleness
-
-
 @dataclasses.dataclass(order=True)
 class _Ready:
   start_version: int

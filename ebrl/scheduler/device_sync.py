@@ -33,7 +33,7 @@ from ebrl.acting import device_policy_step, device_random_step
 from ebrl.scheduler.context import RunContext, update_and_publish
 from ebrl.telemetry.episodes import EpisodeTracker
 from ebrl.types import Rollout, TrainState
-from policies.base import Policy
+from policies.base import Policy, action_size, state_value
 from sim_adapters.mjx.device_sim import DeviceSim, SimState
 
 
@@ -62,9 +62,7 @@ def make_collect(sim: DeviceSim, policy: Policy, horizon: int, gamma: float, rew
   """
   act_and_step = device_policy_step(sim, policy)
 
-  def value(params, obs):
-    n = next(iter(obs.values())).shape[0]
-    return policy.evaluate(params, obs, jnp.zeros((n, sim.spec.action_dim)))[2]
+  value = lambda params, obs: state_value(policy, params, obs, action_size(policy, sim.spec))
 
   def collect(params, state: SimState, key: jax.Array, version: jax.Array):
     def body(state: SimState, k):
@@ -113,7 +111,7 @@ def device_keys(seed: int, env_seed: int) -> tuple[jax.Array, jax.Array]:
           jax.random.fold_in(jax.random.PRNGKey(seed), 0xAC7))
 
 
-class DeviceScheduler:
+class DeviceSyncScheduler:
   """scheduler=sync (PPO) or random on a DeviceSim, each rollout one jitted call."""
 
   def __init__(self, ctx: RunContext, learn: bool = True):

@@ -52,7 +52,7 @@ import jax
 import jax.numpy as jnp
 
 from ebrl.scheduler.context import RunContext
-from ebrl.scheduler.device_sync import Finished, add_finished_episodes, device_keys, make_collect
+from ebrl.scheduler.device_sync import Finished, add_finished_episodes, device_keys, make_scan
 from ebrl.scheduler.loop_threads import POLL_S, LoopThreads, learner_loop
 from ebrl.trajectories.queue import TrajectoryQueue
 from ebrl.types import SegmentBatch, TrainState
@@ -60,22 +60,23 @@ from policies.base import Policy
 from sim_adapters.mjx.device_sim import DeviceSim, SimState
 
 
-
 def make_segment_collect(sim: DeviceSim, policy: Policy, horizon: int, gamma: float, reward_scale: float):
   """Jitted (params, sim_state, key, version) -> (sim_state, SegmentBatch, Finished).
 
-  The same scan as the sync device rollout; obs gets the bootstrap row
-  (the state's obs after the last step) and values are left to the learner.
+  The same scan as the sync device rollout; obs gets the bootstrap row (the state's obs after the
+  last step) and values are left to the learner, which takes them from its own params.
   """
-  collect = make_collect(sim, policy, horizon, gamma, reward_scale)
+  scan, _ = make_scan(sim, policy, horizon, gamma, reward_scale)
 
   def segments(params, state: SimState, key: jax.Array, version: jax.Array):
-    state, ro, fin = collect(params, state, key, version)
-    obs = jax.tree.map(lambda rows, last: jnp.concatenate([rows, last[None]]), ro.obs, state.obs)
+    state, rows = scan(params, state, key)
+    obs = jax.tree.map(lambda r, last: jnp.concatenate([r, last[None]]), rows["obs"], state.obs)
     chex.assert_shape(jax.tree.leaves(obs)[0], (horizon + 1, sim.num_envs, ...))
-    batch = SegmentBatch(obs=obs, actions=ro.actions, logp=ro.logp, rewards=ro.rewards, terminated=ro.terminated,
-                         done=ro.done, valid=ro.valid, version=ro.version)
-    return state, batch, fin
+    done = rows["done"]
+    batch = SegmentBatch(obs=obs, actions=rows["actions"], logp=rows["logp"], rewards=rows["rewards"],
+                         terminated=done, done=done, valid=jnp.ones_like(done),
+                         version=jnp.full(done.shape, version, jnp.int32))
+    return state, batch, rows["fin"]
 
   return jax.jit(segments, donate_argnums=(1,))
 

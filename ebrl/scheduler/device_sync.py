@@ -54,17 +54,18 @@ def add_finished_episodes(tracker: EpisodeTracker, finished: Finished) -> None:
                          np.asarray(finished.success)[done])
 
 
-def make_collect(sim: DeviceSim, policy: Policy, horizon: int, gamma: float, reward_scale: float):
-  """Jitted (params, sim_state, key, version) -> (sim_state, Rollout, Finished).
+def make_scan(sim: DeviceSim, policy: Policy, horizon: int, gamma: float, reward_scale: float):
+  """(params, sim_state, key) -> (sim_state, rows): T steps of policy sample + sim step for every
+  env, as one lax.scan (traced inside the caller's jit). rows hold [T, N] obs, actions, logp,
+  values, rewards (truncations bootstrapped, see the module docstring), done and Finished.
 
   params are the policy's, plus "value_norm" (the ParamStore's `with_value_stats`): the critic
   predicts standardised returns, and the truncation bootstrap is folded in return units.
   """
   act_and_step = device_policy_step(sim, policy)
-
   value = lambda params, obs: state_value(policy, params, obs, action_size(policy, sim.spec))
 
-  def collect(params, state: SimState, key: jax.Array, version: jax.Array):
+  def scan(params, state: SimState, key: jax.Array):
     def body(state: SimState, k):
       obs = state.obs
       nxt, (action, logp, v) = act_and_step(params, state, k)
@@ -78,9 +79,21 @@ def make_collect(sim: DeviceSim, policy: Policy, horizon: int, gamma: float, rew
       return nxt, row
 
     state, rows = jax.lax.scan(body, state, jax.random.split(key, horizon))
+    chex.assert_shape(rows["done"], (horizon, sim.num_envs))
+    return state, rows
+
+  return scan, value
+
+
+def make_collect(sim: DeviceSim, policy: Policy, horizon: int, gamma: float, reward_scale: float):
+  """Jitted (params, sim_state, key, version) -> (sim_state, Rollout, Finished): the sync update's
+  Rollout, values bootstrapped from the obs after the last step."""
+  scan, value = make_scan(sim, policy, horizon, gamma, reward_scale)
+
+  def collect(params, state: SimState, key: jax.Array, version: jax.Array):
+    state, rows = scan(params, state, key)
     values = jnp.concatenate([rows["values"], value(params, state.obs)[None]])
     done = rows["done"]
-    chex.assert_shape(done, (horizon, sim.num_envs))
     rollout = Rollout(obs=rows["obs"], actions=rows["actions"], logp=rows["logp"], values=values,
                       rewards=rows["rewards"], terminated=done, done=done, valid=jnp.ones_like(done),
                       version=jnp.full(done.shape, version, jnp.int32))

@@ -1,4 +1,4 @@
-"""The Policy contract (DESIGN.md, Interfaces).
+"""The Policy contract (docs/ARCHITECTURE.md, Contracts).
 
 A policy is pure functions over explicit params so the sampler and the learner
 can jit them separately and exchange params by version:

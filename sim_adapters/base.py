@@ -106,7 +106,7 @@ def concat_sorted(batches: list[StepBatch]) -> StepBatch:
 
 
 class SimAdapter(Protocol):
-  """Host-side batched simulator (see DESIGN.md, Interfaces)."""
+  """Host-side batched simulator (docs/ARCHITECTURE.md, Contracts)."""
 
   spec: EnvSpec
   num_envs: int

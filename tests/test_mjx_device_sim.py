@@ -1,4 +1,4 @@
-"""The DeviceSim contract (DESIGN.md) for every named MJX / Brax env.
+"""The DeviceSim contract (docs/ARCHITECTURE.md) for every named MJX / Brax env.
 
 Each env is stepped with tiny batches; episodes are made to end at chosen
 steps (by setting the per-env step counter or feeding a non-finite action) so

@@ -1,6 +1,6 @@
 """A resource plan: which cores and batch sizes every stage gets, and what that predicts.
 
-Stages are the three of DESIGN.md plus the host bookkeeping every schedule pays
+Stages are the three of docs/ARCHITECTURE.md (sim, gen, train) plus the host bookkeeping every schedule pays
 per env step (closing transitions, queueing segments), which competes for the
 same cores:
 

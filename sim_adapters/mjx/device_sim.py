@@ -1,4 +1,4 @@
-"""DeviceSim: a batch of MJX envs as two jitted pure functions (DESIGN.md, Interfaces).
+"""DeviceSim: a batch of MJX envs as two jitted pure functions (docs/ARCHITECTURE.md, Contracts).
 
 `reset(key) -> SimState` and `step(SimState, action) -> SimState` run every env
 of the batch on the accelerator. An env whose step ends its episode (the task

@@ -106,6 +106,8 @@ class Trainer:
       except ValueError as e:
         raise UserError(str(e)) from None
     self.layout = RunLayout.from_config(cfg, self.resources.plan if self.resources else None, device_env)
+    self.tracer = Tracer()
+    self.clock = StageClock(self.tracer)  # Stages' busy time and spans (the render stage's draws too).
     self.device_sim = None
     self.host_envs = None
     if device_env:
@@ -125,11 +127,6 @@ class Trainer:
     self.params = self._param_store()
     self.sampler = Sampler(self.policy, self.spec, self.params, seed=cfg.seed + 1)
     self.tracker = EpisodeTracker(cfg.num_envs, self.spec.has_success, target=cfg.target_success)
-    self.tracer = Tracer()
-    self.clock = StageClock(self.tracer)
-    for adapter in (list(self.host_envs) if self.host_envs is not None else []):
-      if hasattr(adapter, "set_clock"):  # The render stage's draws show on the timeline.
-        adapter.set_clock(self.clock)
     self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"), keep=cfg.keep_checkpoints,
                                      warn=lambda m: tqdm.tqdm.write(m))
     self.state = self.learner.init(jax.random.PRNGKey(cfg.seed))
@@ -217,7 +214,7 @@ class Trainer:
             shift_at_s=cfg.env.shift_at_s, shift_sim_us=cfg.env.shift_sim_us,
             chunk_size=cfg.policy.chunk_size, reward_type=cfg.env.reward_type, gamma=cfg.algorithm.gamma,
             env_group_size=cfg.algorithm.group_size if cfg.algorithm.name == "grpo" else 1,
-            render_stage=cfg.env.render_stage,
+            render_stage=cfg.env.render_stage, clock=self.clock,
             **placement)
     except (UnsupportedEnvError, ValueError) as e:
       raise UserError(str(e)) from None
@@ -250,12 +247,10 @@ class Trainer:
     from ebrl.telemetry.shift_plot import demand_shift
 
     events = list(self.resources.events)
-    for adapter in self.host_envs:
-      shifted = getattr(adapter, "shifted_at", None)
-      if shifted is not None:
-        events.append({"t": self.prior_wall_s + shifted - self.launch_time,
-                       "label": f"sim +{self.cfg.env.shift_sim_us:.0f} us/step"})
-        break
+    shifted = self.host_envs[0].shifted_at if self.cfg.env.shift_sim_us else None  # Every group shifts at once.
+    if shifted is not None:
+      events.append({"t": self.prior_wall_s + shifted - self.launch_time,
+                     "label": f"sim +{self.cfg.env.shift_sim_us:.0f} us/step"})
     demand_shift(rows, events, os.path.join(self.workdir, "plots", "controller.png"), title)
 
   # -- resume / checkpoint --------------------------------------------------
@@ -311,8 +306,7 @@ class Trainer:
 
   def sim_steps(self) -> int:
     """Physics steps taken; with action chunks env_steps counts decisions (one per chunk)."""
-    adapters = list(self.host_envs) if self.host_envs is not None else [self.device_sim]
-    return sum(int(getattr(a, "sim_steps", 0)) for a in adapters)
+    return sum(int(group.sim_steps) for group in self.host_envs)  # Chunks run on host envs only.
 
   def add_env_steps(self, n: int) -> None:
     if "first_env_steps" not in self.startup_s:

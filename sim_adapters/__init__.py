@@ -54,7 +54,7 @@ def make_adapter(name: str, num_envs: int, *, batch_size: int | None = None, num
                  straggler_fraction: float = 0.0, straggler_slowdown: float = 1.0,
                  straggler_step_s: float | None = None, shift_at_s: float = 0.0, shift_sim_us: float = 0.0,
                  chunk_size: int = 1, reward_type: str = "chunk", gamma: float = 0.99,
-                 env_group_size: int = 1, render_stage: bool = False):
+                 env_group_size: int = 1, render_stage: bool = False, clock=None):
   """Builds the adapter for `name` (checked first, so errors come before any work).
 
   No env is reset here: the first reset happens when a scheduler starts, so a
@@ -63,7 +63,7 @@ def make_adapter(name: str, num_envs: int, *, batch_size: int | None = None, num
   camera, or for MetaWorld a camera name (sim_adapters.render.METAWORLD_CAMERAS).
   `render_stage` (with from_pixels): state and pixels, the frames drawn by EBRL's
   render stage (as the envs come back) instead of inside EnvPool's
-  pixel-only pools (sim_adapters/render_stage.py).
+  pixel-only pools (sim_adapters/render_stage.py); `clock` (a StageClock) times its draws.
   """
   check_env_name(name)
   if from_pixels:
@@ -124,7 +124,7 @@ def make_adapter(name: str, num_envs: int, *, batch_size: int | None = None, num
     adapter = ChunkAdapter(adapter, chunk_size, reward_type, gamma)
   if render_stage:  # Outermost: only the observation an env is handed back with is drawn.
     from sim_adapters.render_stage import RenderStage
-    adapter = RenderStage(adapter, simulator.render_frames, render_size)
+    adapter = RenderStage(adapter, simulator.render_frames, render_size, clock=clock)
   return adapter
 
 

@@ -55,7 +55,8 @@ class RenderStage:
 
   _count = 0  # Render lanes are numbered across the process's stages (one per env group).
 
-  def __init__(self, inner, render_fn: Callable[[np.ndarray], np.ndarray], size: int):
+  def __init__(self, inner, render_fn: Callable[[np.ndarray], np.ndarray], size: int, clock=None):
+    """clock: a StageClock (ebrl/telemetry/stages.py) that records every draw as a "render" span."""
     self.inner = inner
     self._render_fn = render_fn  # env ids -> frames [k, H, W, 3] uint8 of their current state.
     self.num_envs = inner.num_envs
@@ -63,16 +64,12 @@ class RenderStage:
                                                                                         np.dtype(np.uint8))})
     self._lane = f"render{RenderStage._count}"  # Where its draws show on the timeline.
     RenderStage._count += 1
-    self._clock = None
+    self._clock = clock
     self.frames = 0
     self._workers = _render_workers()
 
   def __getattr__(self, name: str):
     return getattr(self.inner, name)
-
-  def set_clock(self, clock) -> None:
-    """Records every draw as a "render" span (ebrl.telemetry.stages.StageClock)."""
-    self._clock = clock
 
   def _draw_here(self, env_ids: np.ndarray) -> np.ndarray:
     span = self._clock.stage("render", lane=self._lane) if self._clock is not None else contextlib.nullcontext()

@@ -16,9 +16,7 @@ pytestmark = pytest.mark.egl
 
 
 def _run(make, steps=3, clock=None):
-  sim = make("MetaWorld/Reach-v3", 4, from_pixels=True, render_stage=True, render_size=32, seed=3)
-  if clock is not None:
-    sim.set_clock(clock)
+  sim = make("MetaWorld/Reach-v3", 4, from_pixels=True, render_stage=True, render_size=32, seed=3, clock=clock)
   sim.reset()
   rows = [gather_all(sim, 4)]
   rng = np.random.default_rng(0)

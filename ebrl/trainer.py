@@ -353,7 +353,7 @@ class Trainer:
         self.env_steps_to_success = self.env_steps
     self._last_metrics = metrics
     if self.resources is not None:
-      self.resources.observe(self)
+      self.resources.observe(self.env_steps, self.clock.snapshot(), self.wall_s(), self.tracer)
     for hook in self.update_hooks:
       hook(self)
     if now - self._last_log[0] >= self.cfg.log_every_s:

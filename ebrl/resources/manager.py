@@ -127,8 +127,9 @@ class ResourceManager:
 
   # -- feedback ------------------------------------------------------------------
 
-  def observe(self, trainer) -> Decision | None:
-    """After every update: feeds the controller; applies and announces a re-plan."""
+  def observe(self, env_steps: int, busy_s: dict[str, float], wall_s: float, tracer) -> Decision | None:
+    """After every update, with the run's env steps, its stages' busy seconds (StageClock.snapshot)
+    and wall time: feeds the controller; applies a re-plan and marks it on `tracer`'s timeline."""
     if self.cfg.env.render_stage and not self._mesa_threads:
       # Mesa's rasterizer threads appear with the first draw (on the render thread, whose cores
       # they inherit); recorded so that a re-plan moves them with it.
@@ -136,18 +137,17 @@ class ResourceManager:
     if self.controller is None:
       return None
     cpu = os.times()
-    busy = trainer.clock.snapshot()
-    tel = Telemetry(t=time.time() - self._t0, env_steps=trainer.env_steps, cpu_s=cpu.user + cpu.system,
-                    busy_s={s: busy[s] for s in ("sim", "render", "gen", "train") if s in busy})
+    tel = Telemetry(t=time.time() - self._t0, env_steps=env_steps, cpu_s=cpu.user + cpu.system,
+                    busy_s={s: busy_s[s] for s in ("sim", "render", "gen", "train") if s in busy_s})
     decision = self.controller.observe(tel)
     if decision is not None:
       self.plan = decision.new_plan
       self.enforcer.apply(self.plan)
       for listener in self.listeners:
         listener(self.plan)
-      self.events.append({"t": trainer.wall_s(), "label": "re-plan"})
-      trainer.tracer.instant("replan", {"reason": decision.reason,
-                                        "predicted_env_steps_per_s": self.plan.predicted_env_steps_per_s})
+      self.events.append({"t": wall_s, "label": "re-plan"})
+      tracer.instant("replan", {"reason": decision.reason,
+                                "predicted_env_steps_per_s": self.plan.predicted_env_steps_per_s})
       self.log(f"[resources] re-plan: {decision.reason}; now predicting "
                f"{self.plan.predicted_env_steps_per_s:,.0f} env steps/s, bottleneck {self.plan.bottleneck}")
     return decision

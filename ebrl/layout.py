@@ -10,7 +10,7 @@ a config mapping and, when the resource manager planned the run, its plan
 
 What each field means for each scheduler:
 * sync, random: one group of all envs, one update per `rollout_length` steps of every env.
-* pipelined: `pipelined.num_stages` groups ("env partitions") that take turns within a rollout.
+* pipelined: `pipelined.num_partitions` groups ("env partitions") that take turns within a rollout.
 * ebrl: `ebrl.num_groups` groups stepping independently; an update takes
   `segments_per_update` finished segments of `rollout_length` steps.
 """
@@ -36,7 +36,7 @@ def _num_groups(cfg) -> int:
   if cfg.scheduler == "ebrl":
     return cfg.ebrl.num_groups or (1 if cfg.env.name == _MT10 else 2)
   if cfg.scheduler == "pipelined":
-    return cfg.pipelined.num_stages
+    return cfg.pipelined.num_partitions
   return 1
 
 

@@ -86,14 +86,14 @@ def validate(cfg, num_devices: int) -> None:
   if batch % cfg.algorithm.num_minibatches:
     raise UserError(f"algorithm.num_minibatches={cfg.algorithm.num_minibatches} must divide "
                     f"num_envs * rollout_length = {batch}")
-  key = {"ebrl": "ebrl.num_groups", "pipelined": "pipelined.num_stages"}.get(cfg.scheduler)
+  key = {"ebrl": "ebrl.num_groups", "pipelined": "pipelined.num_partitions"}.get(cfg.scheduler)
   if cfg.scheduler == "ebrl" and (not isinstance(cfg.ebrl.num_groups, int) or cfg.ebrl.num_groups < 0):
     raise UserError(f"ebrl.num_groups={cfg.ebrl.num_groups!r} must be an integer >= 0 (0 = auto)")
   if cfg.scheduler == "ebrl":  # Every size the layout derives from must be a count first.
     for name in ("max_gen_batch", "segments_per_update", "recv_batch"):
       _integer_at_least(f"ebrl.{name}", cfg.ebrl[name], 0, " (0 = auto)")
   if cfg.scheduler == "pipelined":
-    _integer_at_least("pipelined.num_stages", cfg.pipelined.num_stages, 1)
+    _integer_at_least("pipelined.num_partitions", cfg.pipelined.num_partitions, 1)
   _check_chunks(cfg, device)
   _integer_at_least("env.num_threads", cfg.env.num_threads, 0, " (0 = one per usable core)")
   layout = RunLayout.from_config(cfg, device_env=device)

@@ -275,7 +275,7 @@ def test_keep_checkpoints_keeps_the_newest(tmp_path, keep):
 
 def test_pipelined_run_trains_over_its_stages_and_writes_the_outputs(tmp_path):
   cfg = tiny(256, scheduler="pipelined")
-  cfg.pipelined.num_stages = 2
+  cfg.pipelined.num_partitions = 2
   cfg.env.max_episode_steps = 20  # Episodes end within the run.
   cfg.log_every_s = 0.0
   trainer = run(cfg, tmp_path)

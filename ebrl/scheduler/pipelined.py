@@ -1,6 +1,6 @@
 """The pipelined baseline (RLinf's disaggregated/hybrid mode, `pipeline_stage_num`).
 
-Envs are split into S partitions (`pipelined.num_stages`, env groups). Within
+Envs are split into S partitions (`pipelined.num_partitions` env groups). Within
 a rollout the partitions take turns: while partition s's actions are
 generated, the others' envs are simulating (EnvPool steps them on its own
 threads). Each partition still steps all its envs together,

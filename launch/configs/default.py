@@ -90,7 +90,7 @@ def get_config() -> ml_collections.ConfigDict:
       segments_per_update=0,  # Segments of rollout_length steps per update; 0 = num_envs.
   ))
   # scheduler=pipelined: envs in stages that take turns (RLinf's pipeline_stage_num).
-  c.pipelined = ml_collections.ConfigDict(dict(num_stages=2))
+  c.pipelined = ml_collections.ConfigDict(dict(num_partitions=2))
   # How the ebrl scheduler's stages get cores and batch sizes (ebrl/resources/):
   # off = the ebrl.* sizes, every thread on every core; auto = profile, plan and re-plan
   # on drift; naive = equal split of the cores between sim, gen and train, no feedback;

@@ -4,18 +4,22 @@ Why shared: what a policy sees and does must be the same when it is trained
 and when it is evaluated (clipping to the env's bounds, which part of a raw
 action the env gets, where the step is timed). Host envs step with
 `host_step`; device simulators run `device_policy_step` inside a `lax.scan`
-body (the fused rollout, the ebrl device groups and the device evaluator).
+body, and `device_unroll` is the one T-step scan the fused rollout, the ebrl
+device groups and the device evaluator share.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Callable
+from typing import Callable, NamedTuple
 
+import chex
 import jax
 import jax.numpy as jnp
 
+from ebrl import normalizer
 from ebrl.sampler import Actions, Sampler
+from policies.base import action_size, state_value
 from sim_adapters.base import StepBatch
 
 
@@ -43,6 +47,49 @@ def device_policy_step(sim, policy) -> Callable:
     return step(state, sim.place_action(env_action)), (action, logp, value)
 
   return act_and_step
+
+
+class Finished(NamedTuple):
+  """Per step and env: whether an episode ended there, and its figures."""
+
+  done: jax.Array  # bool [T, N]
+  ret: jax.Array  # f32 [T, N]
+  length: jax.Array  # int32 [T, N]
+  success: jax.Array  # f32 [T, N]
+
+
+def device_unroll(sim, policy, horizon: int, gamma: float, reward_scale: float):
+  """(params, sim_state, key) -> (sim_state, rows): T steps of policy sample + sim step for every
+  env, as one lax.scan (traced inside the caller's jit). rows hold [T, N] obs, actions, logp,
+  values, rewards, done and Finished. A truncated episode bootstraps from the value of its final
+  observation: gamma * V(final_obs) / reward_scale is added to that step's reward, which it marks
+  terminal (ebrl/scheduler/device_sync.py says why). The sync rollout, the ebrl device groups and
+  the device evaluator all unroll with it.
+
+  params are the policy's, plus "value_norm" (the ParamStore's `with_value_stats`): the critic
+  predicts standardised returns, and the truncation bootstrap is folded in return units.
+  """
+  act_and_step = device_policy_step(sim, policy)
+  value = lambda params, obs: state_value(policy, params, obs, action_size(policy, sim.spec))
+
+  def scan(params, state, key: jax.Array):
+    def body(state, k):
+      obs = state.obs
+      nxt, (action, logp, v) = act_and_step(params, state, k)
+      # Bootstrap truncated episodes from their final observation (computed only when one ended).
+      v_final = jax.lax.cond(jnp.any(nxt.truncated), lambda: value(params, nxt.final_obs),
+                             lambda: jnp.zeros_like(v))
+      v_final = normalizer.unstandardize(params["value_norm"], v_final)
+      reward = nxt.reward + jnp.where(nxt.truncated, gamma * v_final / reward_scale, 0.0)
+      row = dict(obs=obs, actions=action, logp=logp, values=v, rewards=reward, done=nxt.done,
+                 fin=Finished(nxt.done, nxt.done_return, nxt.done_length, nxt.done_success))
+      return nxt, row
+
+    state, rows = jax.lax.scan(body, state, jax.random.split(key, horizon))
+    chex.assert_shape(rows["done"], (horizon, sim.num_envs))
+    return state, rows
+
+  return scan, value
 
 
 def device_random_step(sim) -> Callable:

@@ -162,18 +162,19 @@ class DeviceRunner:
     self.spec, self.n, self.seed = self.sim.spec, n, seed
 
   def run(self, policy, params) -> dict:
-    from ebrl.acting import device_policy_step
+    from ebrl import normalizer
+    from ebrl.acting import device_unroll
 
     sim = self.sim
     chunk = min(100, self.spec.max_episode_steps)
-    act_and_step = device_policy_step(sim, policy)
+    # Training's unroll; its rewards and values are not used here (no value statistics needed).
+    unroll, _ = device_unroll(sim, policy, chunk, gamma=1.0, reward_scale=1.0)
+    acting = {**params, "value_norm": normalizer.init_stats(1)}
 
     @jax.jit
     def steps(state, key):
-      def body(state, k):
-        state, _ = act_and_step(params, state, k)
-        return state, (state.done, state.done_return, state.done_length, state.done_success)
-      return jax.lax.scan(body, state, jax.random.split(key, chunk))
+      state, rows = unroll(acting, state, key)
+      return state, rows["fin"]
 
     key = jax.random.PRNGKey(self.seed)
     state = sim.reset(jax.random.fold_in(key, 0))

@@ -52,7 +52,8 @@ import jax
 import jax.numpy as jnp
 
 from ebrl.scheduler.context import RunContext
-from ebrl.scheduler.device_sync import Finished, add_finished_episodes, device_keys, make_scan
+from ebrl.acting import Finished, device_unroll
+from ebrl.scheduler.device_sync import add_finished_episodes, device_keys
 from ebrl.scheduler.loop_threads import POLL_S, LoopThreads, learner_loop
 from ebrl.trajectories.queue import TrajectoryQueue
 from ebrl.types import SegmentBatch, TrainState
@@ -66,7 +67,7 @@ def make_segment_collect(sim: DeviceSim, policy: Policy, horizon: int, gamma: fl
   The same scan as the sync device rollout; obs gets the bootstrap row (the state's obs after the
   last step) and values are left to the learner, which takes them from its own params.
   """
-  scan, _ = make_scan(sim, policy, horizon, gamma, reward_scale)
+  scan, _ = device_unroll(sim, policy, horizon, gamma, reward_scale)
 
   def segments(params, state: SimState, key: jax.Array, version: jax.Array):
     state, rows = scan(params, state, key)

@@ -21,29 +21,16 @@ device simulator's own speed.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
-import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ebrl import normalizer
-from ebrl.acting import device_policy_step, device_random_step
+from ebrl.acting import Finished, device_random_step, device_unroll
 from ebrl.scheduler.context import RunContext, update_and_publish
 from ebrl.telemetry.episodes import EpisodeTracker
 from ebrl.types import Rollout, TrainState
-from policies.base import Policy, action_size, state_value
+from policies.base import Policy
 from sim_adapters.mjx.device_sim import DeviceSim, SimState
-
-
-class Finished(NamedTuple):
-  """Per step and env: whether an episode ended there, and its figures."""
-
-  done: jax.Array  # bool [T, N]
-  ret: jax.Array  # f32 [T, N]
-  length: jax.Array  # int32 [T, N]
-  success: jax.Array  # f32 [T, N]
 
 
 def add_finished_episodes(tracker: EpisodeTracker, finished: Finished) -> None:
@@ -54,41 +41,10 @@ def add_finished_episodes(tracker: EpisodeTracker, finished: Finished) -> None:
                          np.asarray(finished.success)[done])
 
 
-def make_scan(sim: DeviceSim, policy: Policy, horizon: int, gamma: float, reward_scale: float):
-  """(params, sim_state, key) -> (sim_state, rows): T steps of policy sample + sim step for every
-  env, as one lax.scan (traced inside the caller's jit). rows hold [T, N] obs, actions, logp,
-  values, rewards (truncations bootstrapped, see the module docstring), done and Finished.
-
-  params are the policy's, plus "value_norm" (the ParamStore's `with_value_stats`): the critic
-  predicts standardised returns, and the truncation bootstrap is folded in return units.
-  """
-  act_and_step = device_policy_step(sim, policy)
-  value = lambda params, obs: state_value(policy, params, obs, action_size(policy, sim.spec))
-
-  def scan(params, state: SimState, key: jax.Array):
-    def body(state: SimState, k):
-      obs = state.obs
-      nxt, (action, logp, v) = act_and_step(params, state, k)
-      # Bootstrap truncated episodes from their final observation (computed only when one ended).
-      v_final = jax.lax.cond(jnp.any(nxt.truncated), lambda: value(params, nxt.final_obs),
-                             lambda: jnp.zeros_like(v))
-      v_final = normalizer.unstandardize(params["value_norm"], v_final)
-      reward = nxt.reward + jnp.where(nxt.truncated, gamma * v_final / reward_scale, 0.0)
-      row = dict(obs=obs, actions=action, logp=logp, values=v, rewards=reward, done=nxt.done,
-                 fin=Finished(nxt.done, nxt.done_return, nxt.done_length, nxt.done_success))
-      return nxt, row
-
-    state, rows = jax.lax.scan(body, state, jax.random.split(key, horizon))
-    chex.assert_shape(rows["done"], (horizon, sim.num_envs))
-    return state, rows
-
-  return scan, value
-
-
 def make_collect(sim: DeviceSim, policy: Policy, horizon: int, gamma: float, reward_scale: float):
   """Jitted (params, sim_state, key, version) -> (sim_state, Rollout, Finished): the sync update's
   Rollout, values bootstrapped from the obs after the last step."""
-  scan, value = make_scan(sim, policy, horizon, gamma, reward_scale)
+  scan, value = device_unroll(sim, policy, horizon, gamma, reward_scale)
 
   def collect(params, state: SimState, key: jax.Array, version: jax.Array):
     state, rows = scan(params, state, key)

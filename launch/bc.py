@@ -118,5 +118,10 @@ def main(argv: list[str]) -> None:
   print(f"params saved to {path}")
 
 
-if __name__ == "__main__":
+def cli() -> None:
+  """The `ebrl-bc` console command (pyproject.toml): the same flags as `python -m launch.bc`."""
   common.run(main)
+
+
+if __name__ == "__main__":
+  cli()

@@ -295,5 +295,10 @@ def main(argv: list[str]) -> None:
   print(f"written {_OUT.value} and {_timeline_path()}")
 
 
-if __name__ == "__main__":
+def cli() -> None:
+  """The `ebrl-bench` console command (pyproject.toml): the same flags as `python -m launch.bench`."""
   common.run(main)
+
+
+if __name__ == "__main__":
+  cli()

@@ -149,6 +149,9 @@ def _check_config_files(argv: list[str]) -> None:
       check_config_file(name, given[-1])
 
 
+_HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpfull", "--helpshort", "--helpxml")
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
   try:
     _check_config_files(argv)
@@ -156,6 +159,10 @@ def _parse_flags(argv: list[str]) -> list[str]:
     fail(str(e))
   try:
     return flags.FLAGS(argv)
+  except SystemExit as e:  # absl ends --help with status 1; asking for help is not a failure.
+    if e.code == 1 and any(a.split("=")[0] in _HELP_FLAGS for a in argv[1:]):
+      raise SystemExit(0) from None
+    raise
   except flags.Error as e:
     fail(str(e).splitlines()[0])
   except (KeyError, AttributeError, ValueError, TypeError) as e:  # Raised by config overrides.
@@ -212,6 +219,11 @@ def limit_xla_threads(small_machine_cores: int = 4) -> None:
 def run(main: Callable[[list[str]], None]) -> None:
   """app.run with our flag parser and UserError -> one line, exit 2."""
   limit_xla_threads()
+  if main.__module__ != "__main__":  # A console command (pyproject.toml): its help is the launcher's.
+    launcher = sys.modules[main.__module__]
+    sys.modules["__main__"].__doc__ = launcher.__doc__
+    for flag in flags.FLAGS.flags_by_module_dict().get(main.__module__, []):
+      flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
 
   def guarded(argv):
     logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO.

@@ -117,5 +117,10 @@ def main(argv: list[str]) -> None:
       f.write(line + "\n")
 
 
-if __name__ == "__main__":
+def cli() -> None:
+  """The `ebrl-eval` console command (pyproject.toml): the same flags as `python -m launch.eval`."""
   common.run(main)
+
+
+if __name__ == "__main__":
+  cli()

@@ -100,5 +100,10 @@ def main(argv: list[str]) -> None:
   print(f"written {_OUT.value}")
 
 
-if __name__ == "__main__":
+def cli() -> None:
+  """The `ebrl-profile` console command (pyproject.toml): the same flags as `python -m launch.profile`."""
   common.run(main)
+
+
+if __name__ == "__main__":
+  cli()

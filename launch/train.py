@@ -54,5 +54,10 @@ def main(argv: list[str]) -> None:
   print(f"outputs in {trainer.workdir}")
 
 
-if __name__ == "__main__":
+def cli() -> None:
+  """The `ebrl-train` console command (pyproject.toml): the same flags as `python -m launch.train`."""
   common.run(main)
+
+
+if __name__ == "__main__":
+  cli()

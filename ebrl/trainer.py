@@ -19,6 +19,7 @@ import time
 import jax
 import numpy as np
 import tqdm
+import tqdm.auto
 
 from ebrl import validation
 from ebrl import workdir as workdir_lib
@@ -161,7 +162,8 @@ class Trainer:
     self._last_metrics: dict = {}
     self.deadline: float | None = None  # Wall-clock stop (benchmarks), besides the step budget.
     self.update_hooks: list = []  # Called as hook(trainer) after every update.
-    self.bar = tqdm.tqdm(total=cfg.total_env_steps, initial=self.env_steps, unit="step", unit_scale=True,
+    # tqdm.auto: a widget in a notebook, the text bar in a terminal.
+    self.bar = tqdm.auto.tqdm(total=cfg.total_env_steps, initial=self.env_steps, unit="step", unit_scale=True,
                          mininterval=1.0, dynamic_ncols=True, disable=not progress)
 
   def _param_store(self) -> ParamStore:

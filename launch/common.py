@@ -18,7 +18,8 @@ from typing import Callable
 
 from absl import app, flags, logging
 
-from ebrl.errors import UserError
+from ebrl.errors import UserError, one_line
+from ebrl.runtime import enable_compilation_cache, limit_xla_threads  # pylint: disable=unused-import
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "default.py")
 _CONFIG_FLAGS: list[str] = []  # Names of the config-file flags define_config made, checked before parsing.
@@ -27,13 +28,6 @@ _CONFIG_FLAGS: list[str] = []  # Names of the config-file flags define_config ma
 def fail(message: str) -> None:
   print(f"error: {message}", file=sys.stderr)
   sys.exit(2)
-
-
-def _one_line(e: Exception) -> str:
-  text = str(e)
-  while len(text) > 1 and text[0] == text[-1] and text[0] in "'\"":
-    text = text[1:-1]
-  return " ".join(text.replace("\\n", "\n").replace("\\'", "'").split())
 
 
 def define_config(name: str = "config", default: str | None = None, help_text: str = "Run config file."):
@@ -49,7 +43,7 @@ def define_config(name: str = "config", default: str | None = None, help_text: s
   try:
     return config_flags.DEFINE_config_file(name, default, help_text)
   except (KeyError, AttributeError) as e:
-    fail(f"unknown config key: {_one_line(e)}")
+    fail(f"unknown config key: {one_line(e)}")
 
 
 def config_value(holder):
@@ -137,7 +131,7 @@ def _config_load_error(argv: list[str], e: Exception) -> str:
   elif "Error whilst parsing config file" in text:  # config_flags wraps the trace into the message.
     text = _last_line(text)
   else:
-    text = f"{type(e).__name__}: {_one_line(e)}"
+    text = f"{type(e).__name__}: {one_line(e)}"
   return f"cannot load {source}: {text}"
 
 
@@ -167,7 +161,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
     fail(str(e).splitlines()[0])
   except (KeyError, AttributeError, ValueError, TypeError) as e:  # Raised by config overrides.
     text = str(e)
-    fail(_config_load_error(argv, e) if "Error whilst parsing config file" in text else _one_line(e))
+    fail(_config_load_error(argv, e) if "Error whilst parsing config file" in text else one_line(e))
   except Exception as e:  # pylint: disable=broad-except  # Raised by the config file's own code.
     fail(_config_load_error(argv, e))
   return []
@@ -191,29 +185,6 @@ def check_output_file(flag: str, path: str) -> None:
   except OSError as e:
     raise UserError(f"--{flag}='{path}' is not writable ({e.strerror or e}); "
                     f"pass --{flag}=<a file path in a writable directory>") from None
-
-
-def enable_compilation_cache() -> None:
-  """JAX's persistent compilation cache: a second launch skips most compiles."""
-  import jax
-
-  path = os.environ.get("EBRL_JAX_CACHE", os.path.expanduser("~/.cache/ebrl/jax"))
-  jax.config.update("jax_compilation_cache_dir", path)
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-
-
-def limit_xla_threads(small_machine_cores: int = 4) -> None:
-  """On a machine of a few cores, XLA's CPU compute runs on the calling thread.
-
-  XLA's Eigen pool takes a thread per core and spins between calls; next to a
-  simulator that needs every core, the policy's small matmuls gain nothing from
-  it and the spinning takes CPU from the simulator (MT10, 2 cores: 147 -> 138 µs
-  of CPU per env step). Must run before JAX starts its backend; a user's own
-  XLA_FLAGS setting of it wins.
-  """
-  flags_now = os.environ.get("XLA_FLAGS", "")
-  if len(os.sched_getaffinity(0)) <= small_machine_cores and "xla_cpu_multi_thread_eigen" not in flags_now:
-    os.environ["XLA_FLAGS"] = (flags_now + " --xla_cpu_multi_thread_eigen=false").strip()
 
 
 def run(main: Callable[[list[str]], None]) -> None:

@@ -12,9 +12,7 @@ import time
 
 LAUNCH_TIME = time.time()  # Wall clock starts at launch: imports and compiles count.
 
-import datetime  # pylint: disable=g-import-not-at-top
-import json
-import os
+import json  # pylint: disable=g-import-not-at-top
 
 from absl import flags
 
@@ -25,33 +23,20 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: runs/<e
 _PROGRESS = flags.DEFINE_bool("progress", True, "Show the progress bar.")
 
 
-def default_workdir(cfg) -> str:
-  stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-  return os.path.join("runs", f"{cfg.env.name.replace('/', '_')}-{cfg.scheduler}-{stamp}")
-
-
 def main(argv: list[str]) -> None:
+  """The flags' config through ebrl.api.train (the Python API), its summary printed as one line."""
   if len(argv) > 1:
     common.fail(f"unexpected arguments {argv[1:]}; use --config.<key>=<value> flags")
   cfg = common.config_value(_CONFIG)
   if cfg.resume and not _WORKDIR.value:
     common.fail("--config.resume=True continues the run in --workdir; pass --workdir=<the run's directory>")
-  common.enable_compilation_cache()
-  from ebrl import interrupts  # pylint: disable=g-import-not-at-top
-  from ebrl.trainer import Trainer
+  from ebrl import api  # pylint: disable=g-import-not-at-top
 
-  workdir = _WORKDIR.value or default_workdir(cfg)
-  trainer = Trainer(cfg, workdir, launch_time=LAUNCH_TIME, progress=_PROGRESS.value)
-  print(f"training {cfg.env.name} ({cfg.policy.name}, {cfg.scheduler}) in {trainer.workdir}", flush=True)
-  with interrupts.stop_on_signals(trainer.stop_requested):
-    try:
-      trainer.train()
-    except KeyboardInterrupt:  # Only where no signal handler could be installed.
-      print("interrupted; saving a checkpoint and the summary")
-    summary = trainer.finish()
+  summary = api.train(cfg, _WORKDIR.value, progress=_PROGRESS.value, launch_time=LAUNCH_TIME,
+                      log=lambda m: print(m, flush=True))
   print(json.dumps({k: summary[k] for k in (
       "env", "env_steps", "wall_s", "env_steps_per_s", "final_success_rate", "time_to_success_s")}))
-  print(f"outputs in {trainer.workdir}")
+  print(f"outputs in {summary.workdir}")
 
 
 def cli() -> None:

@@ -31,13 +31,21 @@ def _modules() -> dict[str, str]:
   return out
 
 
-def _imported(module: str, path: str, known: set[str]) -> set[str]:
-  """Project modules `module` imports anywhere in its file. Importing a.b.c also runs the package
-  a.b's __init__ (and a's), so those count too."""
+def _targets(module: str, path: str, known: set[str], top_level_only: bool = False) -> set[str]:
+  """The project modules named by `module`'s import statements (all of them, or only those that
+  run when it is imported: not inside a function)."""
   is_package = path.endswith("__init__.py")
   tree = ast.parse(open(path).read(), path)
+  nodes = []
+  todo = list(tree.body)
+  while todo:
+    node = todo.pop()
+    if top_level_only and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+      continue
+    nodes.append(node)
+    todo.extend(ast.iter_child_nodes(node))
   targets = set()
-  for node in ast.walk(tree):
+  for node in nodes:
     if isinstance(node, ast.Import):
       targets.update(alias.name for alias in node.names)
     elif isinstance(node, ast.ImportFrom):
@@ -48,13 +56,21 @@ def _imported(module: str, path: str, known: set[str]) -> set[str]:
       for alias in node.names:
         full = f"{base}.{alias.name}"
         targets.add(full if full in known else base)
+  return {t for t in targets if t in known or t.split(".")[0] in {k.split(".")[0] for k in known}}
+
+
+def _imported(module: str, path: str, known: set[str], top_level_only: bool = False) -> set[str]:
+  """What `module` depends on: every project module it imports anywhere in its file (functions
+  included), and for each, the import-time part ("<pkg>@init") of every package above it, since
+  importing a.b.c first runs a's and a.b's __init__ (their top-level code, not their functions)."""
   out = set()
-  for target in targets:
+  for target in _targets(module, path, known, top_level_only):
     parts = target.split(".")
     for i in range(1, len(parts) + 1):
       name = ".".join(parts[:i])
-      if name in known and name != module and not module.startswith(name + "."):
-        out.add(name)
+      if name not in known or name == module or module.startswith(name + "."):
+        continue
+      out.add(name if i == len(parts) else name + "@init")
   return out
 
 
@@ -92,7 +108,14 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def _graph() -> dict[str, set[str]]:
   modules = _modules()
   known = set(modules)
-  return {m: _imported(m, path, known) for m, path in modules.items()}
+  graph = {m: _imported(m, path, known) for m, path in modules.items()}
+  for m, path in modules.items():  # A package's import-time part: its top-level imports only.
+    if path.endswith("__init__.py"):
+      graph[m + "@init"] = _imported(m, path, known, top_level_only=True)
+  for deps in list(graph.values()):
+    for d in deps:
+      graph.setdefault(d, set())
+  return graph
 
 
 def test_no_import_cycle():
@@ -134,4 +157,28 @@ def test_the_checker_finds_a_hidden_cycle(tmp_path):
   known = {"pkg", "pkg.a", "pkg.b"}
   graph = {m: _imported(m, str(tmp_path / (m.replace(".", "/") + ("/__init__.py" if m == "pkg" else ".py"))), known)
            for m in known}
+  graph.setdefault("pkg@init", set())
   assert _cycles(graph) == [["pkg.a", "pkg.b"]]
+
+
+def _package_graph(tmp_path, init: str) -> dict[str, set[str]]:
+  """pkg/__init__ as given; pkg.api uses a module outside the package that uses pkg.core."""
+  (tmp_path / "pkg").mkdir(parents=True)
+  files = {"pkg": ("pkg/__init__.py", init), "pkg.api": ("pkg/api.py", "import other\n"),
+           "pkg.core": ("pkg/core.py", "x = 1\n"), "other": ("other.py", "import pkg.core\n")}
+  for rel, text in files.values():
+    (tmp_path / rel).write_text(text)
+  known = set(files)
+  graph = {m: _imported(m, str(tmp_path / rel), known) for m, (rel, _) in files.items()}
+  graph["pkg@init"] = _imported("pkg", str(tmp_path / "pkg/__init__.py"), known, top_level_only=True)
+  return graph
+
+
+def test_a_package_facade_that_imports_lazily_is_no_cycle(tmp_path):
+  """Importing pkg.core runs pkg/__init__'s top level, not its functions: a facade that imports
+  pkg.api on first attribute access (as ebrl/__init__ does) adds no cycle; the same import at
+  the top of pkg/__init__ does (other -> pkg@init -> pkg.api -> other)."""
+  lazy = _package_graph(tmp_path / "lazy", "def __getattr__(name):\n  from pkg import api\n  return api\n")
+  assert "pkg.api" in lazy["pkg"] and "pkg@init" in lazy["other"] and not _cycles(lazy)
+  eager = _package_graph(tmp_path / "eager", "from pkg import api\n")
+  assert _cycles(eager) == [["other", "pkg.api", "pkg@init"]]

@@ -1,0 +1,115 @@
+"""The default run: goal-observable MetaWorld/Reach-v3, MLP policy, sync PPO on the CPU.
+
+Every key a run config has is here (a key not here is a typo). Override any field
+on the command line, e.g.
+  python -m launch.train --config.env.name=CartpoleBalance-v1 --config.num_envs=64
+or from Python: `ebrl.train(overrides={"env.name": "CartpoleBalance-v1"})`.
+"""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.env = ml_collections.ConfigDict(dict(
+      name="MetaWorld/Reach-v3",
+      num_threads=0,  # EnvPool worker threads; 0 = one per usable core.
+      max_episode_steps=0,  # 0 = the task's own limit.
+      from_pixels=False,  # Camera images as obs["pixels"] (needs a pixel policy).
+      render_size=64,
+      # With from_pixels: state and pixels, drawn by EBRL's render stage (one render thread,
+      # its own resource quota) instead of EnvPool's pixel-only pools.
+      render_stage=False,
+      # Injected stragglers (benchmarks): this fraction of envs takes `slowdown` times
+      # longer per step; step_ms fixes one env's step time (0 = measured).
+      straggler_fraction=0.0,
+      straggler_slowdown=1.0,
+      straggler_step_ms=0.0,
+      # Injected demand shift (benchmarks): from shift_at_s seconds into the run, every env
+      # step costs shift_sim_us more CPU in the simulator stage (0 = never).
+      shift_at_s=0.0,
+      shift_sim_us=0.0,
+      # With action chunks (policy.chunk_size > 1): a chunk's reward is the sum of its actions'
+      # rewards ("chunk"), or their discounted sum with gamma^K between chunks ("action").
+      reward_type="chunk",
+  ))
+  c.num_envs = 64
+  c.rollout_length = 128  # T: steps per env between updates (64 x 128 = 8,192 samples per update).
+  c.total_env_steps = 600_000
+  c.target_success = 0.9
+  c.seed = 0
+  c.scheduler = "sync"
+  c.policy = ml_collections.ConfigDict(dict(
+      name="mlp",
+      hidden=(64, 64),
+      init_log_std=0.0,
+      chunk_size=1,  # Actions per decision; every env executes its chunk and returns on its own.
+      channels=(16, 32, 32),  # cnn: conv channels (strided 3x3 / 4x4 layers on 64x64 pixels).
+      bins=256,  # vla: action token bins per dimension (OpenVLA).
+      width=64,  # vla: token width.
+      depth=2,  # vla: transformer blocks.
+      heads=4,  # vla: attention heads.
+      decode="parallel",  # vla: "parallel" (OpenVLA-OFT) or "autoregressive" action tokens.
+      flow_steps=4,  # flow: noisy Euler steps of the sampling chain.
+      flow_init_log_std=-1.0,  # flow: initial log noise scale per step.
+  ))
+  c.algorithm = ml_collections.ConfigDict(dict(
+      name="ppo",  # "ppo" or "grpo" (critic-free group-relative advantages; scheduler=sync only)
+      group_size=8,  # grpo: consecutive envs sharing an env seed (same initial states); divides num_envs
+      gamma=0.99,
+      gae_lambda=0.95,
+      clip_eps=0.2,
+      value_clip_eps=0.0,
+      vf_coef=0.5,
+      ent_coef=0.0,
+      normalize_advantages=True,
+      epochs=10,
+      num_minibatches=8,
+      learning_rate=3e-4,
+      lr_schedule="constant",  # Or "linear": to 0 over the updates total_env_steps pays for.
+      max_grad_norm=0.5,
+      # Stop an update's remaining minibatch steps once one measures approx KL > 1.5 * target_kl
+      # (0 = every epoch runs).
+      target_kl=0.0,
+      reward_scale=0.1,
+      # The critic predicts returns standardised by running statistics of its targets, whose
+      # history weighs as at most value_norm_count samples.
+      value_norm=False,
+      value_norm_count=100_000,
+      # Off-policy correction of stale samples (scheduler=ebrl): "decoupled_ppo" or "vtrace".
+      correction="decoupled_ppo",
+      behaviour_weight_clip=2.0,  # Decoupled PPO: cap on prox / behaviour (stale samples).
+      vtrace_rho_clip=1.0,  # V-trace: truncation of the importance weight in targets and advantages.
+      vtrace_c_clip=1.0,  # V-trace: truncation of the trace-cutting coefficients.
+  ))
+  # scheduler=ebrl: env groups on their own threads, dynamic generation batches, async learner.
+  c.ebrl = ml_collections.ConfigDict(dict(
+      num_groups=0,  # 0 = auto: 1 for MetaWorld/MT10 (its task pools are independent), else 2.
+      recv_batch=0,  # Envs EnvPool returns per recv; 0 = half a group (MT10: all but one per task pool).
+      max_gen_batch=0,  # Most rows in one generation batch; 0 = recv_batch * num_groups.
+      max_wait_ms=1.0,  # Longest wait for more ready envs before generating.
+      max_staleness=2,  # eta: no sample used is more than eta policy versions old.
+      segments_per_update=0,  # Segments of rollout_length steps per update; 0 = num_envs.
+  ))
+  # scheduler=pipelined: envs in stages that take turns (RLinf's pipeline_stage_num).
+  c.pipelined = ml_collections.ConfigDict(dict(num_partitions=2))
+  # How the ebrl scheduler's stages get cores and batch sizes (ebrl/resources/):
+  # off = the ebrl.* sizes, every thread on every core; auto = profile, plan and re-plan
+  # on drift; naive = equal split of the cores between sim, gen and train, no feedback;
+  # manual = the quotas below. Other schedulers keep their fixed layout.
+  c.resources = "off"
+  c.quotas = ml_collections.ConfigDict(dict(
+      profile="",  # profile.json to plan from (launch.profile); "" = measured at start, cached.
+      control_interval_s=5.0,  # resources=auto: controller window; 0 = no runtime feedback.
+      sim_cores="",  # resources=manual: core lists like "0-3".
+      gen_cores="",
+      train_cores="",
+      render_cores="",  # resources=manual with env.render_stage: "" = beside sim.
+      sim_threads=0,  # resources=manual: EnvPool threads per pool; 0 = one per sim core.
+  ))
+  c.warm_start = ""  # Policy params to start from: a launch.train workdir/checkpoint or a launch.bc --out dir.
+  c.resume = False
+  c.log_every_s = 2.0
+  c.checkpoint_every_s = 30.0
+  c.keep_checkpoints = 3
+  return c

@@ -58,8 +58,3 @@ class ParamStore:
     """The newest (params, version); (None, -1) before the first publish."""
     with self._cond:
       return self._params, self._version
-
-  @property
-  def version(self) -> int:
-    with self._cond:
-      return self._version

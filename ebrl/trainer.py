@@ -1,8 +1,9 @@
 """A training run: builds the stages from a config and owns the run's outputs.
 
-The scheduler drives the stages; after each update it calls `after_update`,
-which logs metrics.jsonl / TensorBoard / the progress bar, checkpoints, and
-tracks time to success. `finish` writes the final checkpoint, summary.json and
+`train` hands the scheduler a RunContext (ebrl/scheduler/context.py) and
+runs it; after each update the scheduler reports through RunLog to
+`after_update`, which keeps the new state, logs metrics.jsonl / TensorBoard /
+the progress bar, checkpoints, and tracks time to success. `finish` writes the final checkpoint, summary.json and
 plots. Everything that can be wrong with the user's request is checked before
 anything is compiled (see ebrl/validation.py).
 """

@@ -38,7 +38,7 @@ class ParamStore:
   def __init__(self, select: Callable[[Any], Any] = policy_params, place: Callable[[Any], Any] | None = None):
     self._select = select
     self._place = place
-    self._cond = threading.Condition()
+    self._lock = threading.Lock()
     self._params: Any = None
     self._version = -1
 
@@ -50,11 +50,10 @@ class ParamStore:
     copy = jax.tree.map(jnp.copy, params)
     if self._place is not None:
       copy = self._place(copy)
-    with self._cond:
+    with self._lock:
       self._params, self._version = copy, int(version)
-      self._cond.notify_all()
 
   def latest(self) -> tuple[Any, int]:
     """The newest (params, version); (None, -1) before the first publish."""
-    with self._cond:
+    with self._lock:
       return self._params, self._version

@@ -3,9 +3,10 @@
 `train` hands the scheduler a RunContext (ebrl/scheduler/context.py) and
 runs it; after each update the scheduler reports through RunLog to
 `after_update`, which keeps the new state, logs metrics.jsonl / TensorBoard /
-the progress bar, checkpoints, and tracks time to success. `finish` writes the final checkpoint, summary.json and
-plots. Everything that can be wrong with the user's request is checked before
-anything is compiled (see ebrl/validation.py).
+the progress bar, checkpoints, and tracks time to success. `finish` writes
+the final checkpoint, summary.json and plots. Everything that can be wrong
+with the user's request is checked before anything is compiled (see
+ebrl/validation.py).
 """
 
 from __future__ import annotations
@@ -229,7 +230,7 @@ class Trainer:
     """One DeviceSim over every local device, driven by the fused rollout (ebrl/scheduler/device_sync.py).
 
     With scheduler=ebrl it holds one env group (num_envs / num_groups envs); each group is its own
-    state of it (ebrl/scheduler/device_ebrl.py). config.validate has rejected host-only schedulers.
+    state of it (ebrl/scheduler/device_ebrl.py). ebrl/validation.py has rejected host-only schedulers.
     """
     from sim_adapters.mjx import make_device_sim
     from sim_adapters.mjx.device_sim import make_sim_mesh

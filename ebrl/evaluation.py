@@ -195,3 +195,86 @@ def make_runner(name: str, n: int, seed: int, run_env: RunEnv = RunEnv()):
     return cls(name, n, seed, run_env)
   except (ValueError, RuntimeError) as e:
     raise UserError(str(e)) from None
+
+
+def _run_config(checkpoint: str):
+  import json  # pylint: disable=g-import-not-at-top
+  import os
+
+  import ml_collections
+
+  path = os.path.join(checkpoint, "config.json")
+  if not os.path.isfile(path):
+    raise UserError(f"checkpoint={checkpoint} is not a run workdir (no config.json)")
+  with open(path) as f:
+    return ml_collections.ConfigDict(json.load(f))
+
+
+def _restore(checkpoint: str, cfg, policy):
+  """The newest readable checkpoint of the run, into a state shaped by the run's own config."""
+  import os  # pylint: disable=g-import-not-at-top
+
+  from ebrl.checkpointing import Checkpointer
+  from ebrl.layout import RunLayout
+  from ebrl.learner import LearnerConfig, init_train_state
+
+  template = init_train_state(policy, LearnerConfig.from_config(cfg, RunLayout.from_config(cfg)),
+                              jax.random.PRNGKey(0))
+  ckpt = Checkpointer(os.path.join(checkpoint, "checkpoints"), warn=lambda m: None)
+  try:
+    restored = ckpt.restore_latest(template)
+  finally:
+    ckpt.close()
+  if restored is None:
+    raise UserError(f"no checkpoint in {os.path.join(checkpoint, 'checkpoints')}")
+  return restored
+
+
+def check_args(episodes: int, seed: int) -> None:
+  """Before the run is read or any env built."""
+  from ebrl.validation import SEED_MAX  # pylint: disable=g-import-not-at-top
+
+  if episodes <= 0:
+    raise UserError(f"episodes={episodes} must be a positive integer (one episode per env)")
+  if not 0 <= seed <= SEED_MAX:
+    raise UserError(f"seed={seed} must be an integer in [0, {SEED_MAX}] (EnvPool takes int32 seeds)")
+
+
+def evaluate_run(checkpoint: str, env: str | None = None, episodes: int = 32, seed: int = 12345,
+                 out: str | None = None) -> dict:
+  """Evaluates the newest checkpoint of the run in `checkpoint` (its workdir) on `env` (default: the
+  env it trained on; the same task on the other backend works too) and returns env, trained_on,
+  episodes, episode_return, episode_length, success_rate (None without a success signal) and
+  checkpoint_env_steps; also written to `out` as one JSON line when given."""
+  import json  # pylint: disable=g-import-not-at-top
+  import os
+
+  from ebrl.workdir import check_output_file
+  from policies import IncompatibleObservationError, make_policy
+  from sim_adapters import UnknownEnvError, check_env_name
+
+  check_args(episodes, seed)
+  cfg = _run_config(checkpoint)  # Its messages name the workdir as given.
+  checkpoint = os.path.abspath(checkpoint)
+  env_name = env or cfg.env.name
+  try:
+    check_env_name(env_name)
+  except UnknownEnvError as e:
+    raise UserError(str(e)) from None
+  if out:  # Before the episodes run: an unwritable out would lose them.
+    check_output_file("out", out)
+  run_env = RunEnv.of_run(cfg)
+  runner = make_runner(env_name, episodes, seed, run_env)
+  train_spec = spec_of(cfg.env.name, run_env) if env_name != cfg.env.name else runner.spec
+  check_same_observations(train_spec, runner.spec)
+  try:
+    policy = make_policy(cfg.policy.name, runner.spec, cfg.policy)
+  except (IncompatibleObservationError, ValueError) as e:
+    raise UserError(f"checkpoint={checkpoint}: {e}") from None
+  state, meta = _restore(checkpoint, cfg, policy)
+  result = {"env": env_name, "trained_on": cfg.env.name, **runner.run(policy, state.params),
+            "checkpoint_env_steps": int(meta["env_steps"])}
+  if out:
+    with open(out, "w") as f:
+      f.write(json.dumps(result) + "\n")
+  return result

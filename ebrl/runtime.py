@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import datetime
 import os
+import platform
 
 
 def enable_compilation_cache() -> None:
@@ -26,3 +28,18 @@ def limit_xla_threads(small_machine_cores: int = 4) -> None:
   flags_now = os.environ.get("XLA_FLAGS", "")
   if len(os.sched_getaffinity(0)) <= small_machine_cores and "xla_cpu_multi_thread_eigen" not in flags_now:
     os.environ["XLA_FLAGS"] = (flags_now + " --xla_cpu_multi_thread_eigen=false").strip()
+
+
+def machine_info() -> dict:
+  """The machine a benchmark ran on, for its JSON."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  cpu = platform.processor()
+  try:
+    with open("/proc/cpuinfo") as f:
+      cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), cpu)
+  except OSError:
+    pass
+  return {"cpu": cpu, "usable_cores": len(os.sched_getaffinity(0)), "python": platform.python_version(),
+          "jax": jax.__version__, "devices": [str(d) for d in jax.devices()],
+          "date": datetime.datetime.now().isoformat(timespec="seconds")}

@@ -90,3 +90,25 @@ def write_config(path: str, cfg) -> None:
   with open(target + ".tmp", "w") as f:
     f.write(cfg.to_json_best_effort(indent=2))
   os.replace(target + ".tmp", target)
+
+
+def check_output_file(name: str, path: str) -> None:
+  """UserError unless `path` can be written: its directory is made and a probe written.
+
+  Results are written after minutes of benchmarking or evaluating; an unwritable
+  path found only then loses them. An existing file is opened for appending,
+  which leaves its content alone; a new one is created and removed again.
+  `name` is the parameter as the caller knows it ("out" in the API, "--out" on
+  the command line).
+  """
+  try:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    existed = os.path.exists(path)
+    with open(path, "a"):
+      pass
+    if not existed:
+      os.remove(path)
+  except OSError as e:
+    raise UserError(f"{name}='{path}' is not writable ({e.strerror or e}); "
+                    f"pass {name}=<a file path in a writable directory>") from None
+

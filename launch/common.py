@@ -10,16 +10,14 @@ before the work whose results it will hold.
 from __future__ import annotations
 
 import ast
-import datetime
 import os
-import platform
 import sys
 from typing import Callable
 
 from absl import app, flags, logging
 
 from ebrl.errors import UserError, one_line
-from ebrl.runtime import enable_compilation_cache, limit_xla_threads  # pylint: disable=unused-import
+from ebrl.runtime import enable_compilation_cache, limit_xla_threads, machine_info  # pylint: disable=unused-import
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "default.py")
 _CONFIG_FLAGS: list[str] = []  # Names of the config-file flags define_config made, checked before parsing.
@@ -168,27 +166,16 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 
 def check_output_file(flag: str, path: str) -> None:
-  """UserError unless `path` can be written: its directory is made and a probe written.
+  """UserError unless `path` can be written (ebrl.workdir.check_output_file), named as --<flag>."""
+  from ebrl.workdir import check_output_file as check  # pylint: disable=g-import-not-at-top
 
-  Results are written after minutes of benchmarking; an unwritable path found
-  only then loses them. An existing file is opened for appending, which leaves
-  its content alone; a new one is created and removed again.
-  """
-  try:
-    parent = os.path.dirname(os.path.abspath(path))
-    os.makedirs(parent, exist_ok=True)
-    existed = os.path.exists(path)
-    with open(path, "a"):
-      pass
-    if not existed:
-      os.remove(path)
-  except OSError as e:
-    raise UserError(f"--{flag}='{path}' is not writable ({e.strerror or e}); "
-                    f"pass --{flag}=<a file path in a writable directory>") from None
+  check(f"--{flag}", path)
 
 
 def run(main: Callable[[list[str]], None]) -> None:
   """app.run with our flag parser and UserError -> one line, exit 2."""
+  if os.environ.get("BUILD_WORKING_DIRECTORY"):  # `bazel run` starts us in the runfiles tree;
+    os.chdir(os.environ["BUILD_WORKING_DIRECTORY"])  # relative paths mean the user's directory.
   limit_xla_threads()
   if main.__module__ != "__main__":  # A console command (pyproject.toml): its help is the launcher's.
     launcher = sys.modules[main.__module__]
@@ -204,18 +191,3 @@ def run(main: Callable[[list[str]], None]) -> None:
       fail(str(e))
 
   app.run(guarded, flags_parser=_parse_flags)
-
-
-def machine_info() -> dict:
-  """The machine a benchmark ran on, for its JSON."""
-  import jax  # pylint: disable=g-import-not-at-top
-
-  cpu = platform.processor()
-  try:
-    with open("/proc/cpuinfo") as f:
-      cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), cpu)
-  except OSError:
-    pass
-  return {"cpu": cpu, "usable_cores": len(os.sched_getaffinity(0)), "python": platform.python_version(),
-          "jax": jax.__version__, "devices": [str(d) for d in jax.devices()],
-          "date": datetime.datetime.now().isoformat(timespec="seconds")}

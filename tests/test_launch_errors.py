@@ -1,5 +1,9 @@
 """launch.bench, launch.profile and launch.eval: every bad flag is one line and exit 2, before any run.
 
+The messages name a value as the Python API's parameter of the same name
+(`seconds=nan ...`), so ebrl.bench / ebrl.profile / ebrl.evaluate raise the
+very line the CLI prints (tests/test_api.py compares the two).
+
 A bad --seconds or --warmup_updates used to hang (the timed window never
 opened or closed) and an unwritable --out failed only after every run; each
 case here must fail at once, so a hang shows as a timeout.
@@ -20,20 +24,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UNWRITABLE = "/proc/ebrl-nope"  # No directory can be made under /proc, not even by root.
 
 BENCH = {
-    "no_warmup": (["--warmup_updates=0"], "--warmup_updates=0 must be an integer >= 1"),
-    "negative_warmup": (["--warmup_updates=-2"], "--warmup_updates=-2 must be an integer >= 1"),
-    "nan_seconds": (["--seconds=nan"], "--seconds=nan must be a finite number > 0"),
-    "inf_seconds": (["--seconds=inf"], "--seconds=inf must be a finite number > 0"),
-    "zero_seconds": (["--seconds=0"], "--seconds=0.0 must be a finite number > 0"),
-    "zero_envs": (["--num_envs=0"], "--num_envs=0 must be a positive integer"),
-    "no_schedulers": (["--schedulers="], "--schedulers is empty"),
-    "scheduler_twice": (["--schedulers=sync,random,sync"], "--schedulers names sync more than once"),
+    "no_warmup": (["--warmup_updates=0"], "warmup_updates=0 must be an integer >= 1"),
+    "negative_warmup": (["--warmup_updates=-2"], "warmup_updates=-2 must be an integer >= 1"),
+    "nan_seconds": (["--seconds=nan"], "seconds=nan must be a finite number > 0"),
+    "inf_seconds": (["--seconds=inf"], "seconds=inf must be a finite number > 0"),
+    "zero_seconds": (["--seconds=0"], "seconds=0.0 must be a finite number > 0"),
+    "zero_envs": (["--num_envs=0"], "num_envs=0 must be a positive integer"),
+    "no_schedulers": (["--schedulers="], "schedulers is empty"),
+    "scheduler_twice": (["--schedulers=sync,random,sync"], "schedulers names sync more than once"),
     "unknown_scheduler": (["--schedulers=sync,fastest"], "unknown scheduler 'fastest'; valid: sync"),
-    "straggler_fraction": (["--straggler_fraction=1.5"], "--straggler_fraction=1.5 must be in [0, 1]"),
-    "nan_straggler_slowdown": (["--straggler_slowdown=nan"], "--straggler_slowdown=nan must be a finite number >= 1"),
-    "unwritable_out": ([f"--out={UNWRITABLE}/bench.json"], f"--out='{UNWRITABLE}/bench.json' is not writable"),
-    "out_is_a_directory": (["--out=launch"], "--out='launch' is not writable"),
-    "unwritable_timeline": ([f"--timeline={UNWRITABLE}/t.png"], f"--timeline='{UNWRITABLE}/t.png' is not writable"),
+    "straggler_fraction": (["--straggler_fraction=1.5"], "straggler_fraction=1.5 must be in [0, 1]"),
+    "nan_straggler_slowdown": (["--straggler_slowdown=nan"], "straggler_slowdown=nan must be a finite number >= 1"),
+    "unwritable_out": ([f"--out={UNWRITABLE}/bench.json"], f"out='{UNWRITABLE}/bench.json' is not writable"),
+    "out_is_a_directory": (["--out=launch"], "out='launch' is not writable"),
+    "unwritable_timeline": ([f"--timeline={UNWRITABLE}/t.png"], f"timeline='{UNWRITABLE}/t.png' is not writable"),
     "unwritable_workdir": ([f"--workdir={UNWRITABLE}"], f"workdir '{UNWRITABLE}' is not writable"),
     "bad_config_value": (["--config.algorithm.clip_eps=-1"], "algorithm.clip_eps=-1.0 must be a positive"),
     "unknown_env": (["--env=MetaWorld/Reach-v2"], "MetaWorld/Reach-v3"),
@@ -43,11 +47,11 @@ BENCH = {
 }
 
 PROFILE = {
-    "nan_seconds": (["--seconds=nan"], "--seconds=nan must be a finite number > 0"),
-    "inf_seconds": (["--seconds=inf"], "--seconds=inf must be a finite number > 0"),
-    "negative_seconds": (["--seconds=-1"], "--seconds=-1.0 must be a finite number > 0"),
-    "zero_envs": (["--num_envs=0"], "--num_envs=0 must be a positive integer"),
-    "unwritable_out": ([f"--out={UNWRITABLE}/profile.json"], f"--out='{UNWRITABLE}/profile.json' is not writable"),
+    "nan_seconds": (["--seconds=nan"], "seconds=nan must be a finite number > 0"),
+    "inf_seconds": (["--seconds=inf"], "seconds=inf must be a finite number > 0"),
+    "negative_seconds": (["--seconds=-1"], "seconds=-1.0 must be a finite number > 0"),
+    "zero_envs": (["--num_envs=0"], "num_envs=0 must be a positive integer"),
+    "unwritable_out": ([f"--out={UNWRITABLE}/profile.json"], f"out='{UNWRITABLE}/profile.json' is not writable"),
     "missing_config_file": (["--config=missing.py", "--config.num_envs=8"],
                             "cannot load --config=missing.py: no such file"),
     "config_not_python": (["--config=README.md"], "--config=README.md is not a Python config file (SyntaxError"),
@@ -55,8 +59,8 @@ PROFILE = {
 
 EVAL = {
     "no_checkpoint": ([], "--checkpoint=<run workdir> is required"),
-    "zero_episodes": (["--checkpoint=runs/x", "--episodes=0"], "--episodes=0 must be a positive integer"),
-    "negative_seed": (["--checkpoint=runs/x", "--seed=-1"], "--seed=-1 must be an integer in [0, "),
+    "zero_episodes": (["--checkpoint=runs/x", "--episodes=0"], "episodes=0 must be a positive integer"),
+    "negative_seed": (["--checkpoint=runs/x", "--seed=-1"], "seed=-1 must be an integer in [0, "),
     "not_a_workdir": (["--checkpoint=launch"], "is not a run workdir (no config.json)"),
 }
 
@@ -103,14 +107,14 @@ def test_eval_checks_out_before_any_episode(tmp_path):
 
   (tmp_path / "config.json").write_text(get_config().to_json())
   _one_line_exit_2("launch.eval", [f"--checkpoint={tmp_path}", f"--out={UNWRITABLE}/eval.json"],
-                   f"--out='{UNWRITABLE}/eval.json' is not writable", ROOT)
+                   f"out='{UNWRITABLE}/eval.json' is not writable", ROOT)
 
 
 def test_bench_makes_the_out_directory_and_leaves_no_probe(tmp_path):
   """A valid --out in a new directory is made; a later bad flag still stops before any run."""
   out = tmp_path / "new" / "deeper" / "bench.json"
   _one_line_exit_2("launch.bench", ["--schedulers=sync", f"--out={out}", f"--timeline={UNWRITABLE}/t.png"],
-                   "--timeline=", ROOT)
+                   "timeline=", ROOT)
   assert out.parent.is_dir() and not os.listdir(out.parent)
 
 

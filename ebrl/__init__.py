@@ -1,12 +1,12 @@
 """EBRL: asynchronous embodied reinforcement learning in JAX.
 
-The Python API (ebrl/api.py): `ebrl.train`, `ebrl.default_config`, `ebrl.make_config`; bad
-input raises `ebrl.UserError`. Loaded on first use, so `import ebrl.<module>` stays light.
+The Python API (ebrl/api.py): `ebrl.train`, `ebrl.evaluate`, `ebrl.bench`, `ebrl.profile`,
+`ebrl.default_config`, `ebrl.make_config`; bad input raises `ebrl.UserError`. Loaded on first use, so `import ebrl.<module>` stays light.
 """
 
 __version__ = "0.1.0"
 
-_API = ("train", "default_config", "make_config", "Summary")
+_API = ("train", "evaluate", "bench", "profile", "default_config", "make_config", "Summary")
 
 
 def __getattr__(name: str):

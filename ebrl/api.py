@@ -1,15 +1,20 @@
-"""The Python API: configure and train from a notebook or a script, without absl flags.
+"""The Python API: configure, train, evaluate, bench and profile from a notebook or a script.
 
   import ebrl
   summary = ebrl.train(overrides={"total_env_steps": 100_000})
   summary["final_success_rate"], summary.paths["learning_curve"]
+  ebrl.evaluate(summary.workdir, episodes=16)["success_rate"]
+  ebrl.bench(schedulers=("sync", "ebrl"), seconds=10)["ratios"]["ebrl_over_sync"]
 
-`python -m launch.train` is a thin wrapper over `train`. Bad input raises
-`ebrl.UserError` carrying the one-line message the CLI prints (which prints
-"error: <message>" and exits 2), before anything is built or compiled.
-A notebook's stop button (SIGINT to the kernel) asks the run to stop at its
-next update, as Ctrl-C does on the command line: a checkpoint and summary.json
-are written and `train` returns the summary.
+`python -m launch.{train,eval,bench,profile}` are thin absl wrappers over these
+functions; their keyword arguments are the launchers' flag names. Bad input
+raises `ebrl.UserError` carrying the one-line message the CLI prints (which
+prints "error: <message>" and exits 2), before anything is built or compiled.
+A notebook's stop button (SIGINT to the kernel) asks a training run to stop at
+its next update, as Ctrl-C does on the command line: a checkpoint and
+summary.json are written and `train` returns the summary. A second press stops
+at once with the kernel's KeyboardInterrupt (the last checkpoint is kept),
+where the command line's second Ctrl-C ends the process.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from __future__ import annotations
 import datetime
 import os
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import ml_collections
 
@@ -99,9 +104,12 @@ def _paths(workdir: str) -> dict[str, str]:
 
 def train(config: ml_collections.ConfigDict | Mapping | None = None, workdir: str | None = None, *,
           overrides: Mapping[str, Any] | None = None, progress: bool = True, launch_time: float | None = None,
-          log: Callable[[str], None] = print) -> Summary:
+          log: Callable[[str], None] = print, second_interrupt: str = "previous") -> Summary:
   """Trains `config` (see `make_config`) in `workdir` (default: runs/<env>-<scheduler>-<time>) and
-  returns its Summary. With config.resume the run continues from the workdir's last checkpoint."""
+  returns its Summary. With config.resume the run continues from the workdir's last checkpoint.
+  The first SIGINT/SIGTERM stops the run at its next update (checkpoint and summary written); a
+  second has the effect of the handler there before (second_interrupt="previous": in a notebook or
+  a script, KeyboardInterrupt) or ends the process ("default": the command line's)."""
   launch_time = launch_time or time.time()
   cfg = make_config(config, overrides)
   if cfg.resume and not workdir:
@@ -113,10 +121,70 @@ def train(config: ml_collections.ConfigDict | Mapping | None = None, workdir: st
   runtime.enable_compilation_cache()
   trainer = Trainer(cfg, workdir or default_workdir(cfg), launch_time=launch_time, progress=progress)
   log(f"training {cfg.env.name} ({cfg.policy.name}, {cfg.scheduler}) in {trainer.workdir}")
-  with interrupts.stop_on_signals(trainer.stop_requested):
+  with interrupts.stop_on_signals(trainer.stop_requested, log=log, second=second_interrupt):
     try:
       trainer.train()
-    except KeyboardInterrupt:  # Only where no signal handler could be installed.
-      log("interrupted; saving a checkpoint and the summary")
-    summary = trainer.finish()
+    except KeyboardInterrupt:
+      if trainer.stop_requested.is_set():  # A second interrupt: stop now, keep the last checkpoint.
+        trainer.abort()
+        raise
+      log("interrupted; saving a checkpoint and the summary")  # No handler could be installed here.
+    try:
+      summary = trainer.finish()
+    except KeyboardInterrupt:  # A second interrupt while the summary and plots were written.
+      trainer.abort()
+      raise
   return Summary(summary, _paths(trainer.workdir))
+
+
+def evaluate(checkpoint: str, env: str | None = None, *, episodes: int = 32, seed: int = 12345,
+             out: str | None = None) -> dict:
+  """Evaluates the newest checkpoint of a run (`checkpoint` is its workdir, e.g. `summary.workdir`) on
+  `env` (default: the env it trained on; the same task on the other backend works too), one episode
+  in each of `episodes` envs; returns env, trained_on, episodes, episode_return, episode_length,
+  success_rate and checkpoint_env_steps (`python -m launch.eval` prints the same as one JSON line)."""
+  from ebrl import evaluation, runtime  # pylint: disable=g-import-not-at-top
+
+  evaluation.check_args(episodes, seed)
+  runtime.limit_xla_threads()
+  runtime.enable_compilation_cache()
+  return evaluation.evaluate_run(checkpoint, env, episodes, seed, out)
+
+
+def bench(config: ml_collections.ConfigDict | Mapping | None = None, *, overrides: Mapping[str, Any] | None = None,
+          env: str = "MetaWorld/Reach-v3", policy: str = "mlp", schedulers: Sequence[str] = ("random", "sync"),
+          seconds: float = 30.0, warmup_updates: int = 3, num_envs: int | None = None,
+          resources: Sequence[str] = (), straggler_fraction: float = 0.0, straggler_slowdown: float = 1.0,
+          out: str | None = None, timeline: str | None = None, workdir: str | None = None,
+          log: Callable[[str], None] = print) -> dict:
+  """Runs each of `schedulers` in turn on the same envs and cores for `seconds` after `warmup_updates`
+  untimed updates, and returns what `python -m launch.bench` writes to bench.json: per-scheduler
+  results (e2e_env_steps_per_s, stage_busy, cpu_us_per_env_step, ...) and `ratios` such as
+  ebrl_over_sync (ebrl/benchmark.py documents every field). `config`/`overrides` as for `train`;
+  bench.json and the timelines PNG are written only when `out` (or `timeline`) is given."""
+  from ebrl import runtime  # pylint: disable=g-import-not-at-top
+  from ebrl.benchmark import BenchSpec, run_bench
+
+  spec = BenchSpec(env=env, policy=policy, schedulers=tuple(schedulers), seconds=seconds,
+                   warmup_updates=warmup_updates, num_envs=num_envs, resources=tuple(resources),
+                   straggler_fraction=straggler_fraction, straggler_slowdown=straggler_slowdown, out=out,
+                   timeline=timeline, workdir=workdir)
+  spec.check()
+  cfg = make_config(config, overrides)
+  runtime.limit_xla_threads()
+  return run_bench(spec, cfg, log=log)
+
+
+def profile(config: ml_collections.ConfigDict | Mapping | None = None, *, overrides: Mapping[str, Any] | None = None,
+            env: str = "MetaWorld/Reach-v3", policy: str = "mlp", num_envs: int | None = None,
+            seconds: float = 0.5, out: str | None = None, log: Callable[[str], None] = print) -> dict:
+  """Measures every stage of `env` with `policy` on this machine and returns what `python -m
+  launch.profile` writes: the stage costs, the plan resources=auto would run, the work-conserving
+  bound and the bottleneck (ebrl/profiling.py). Written to `out` when given; a run plans from that
+  file with quotas.profile=<out>."""
+  from ebrl import profiling, runtime  # pylint: disable=g-import-not-at-top
+
+  profiling.check(seconds, num_envs)
+  cfg = make_config(config, overrides)
+  runtime.limit_xla_threads()
+  return profiling.run_profile(cfg, env=env, policy=policy, num_envs=num_envs, seconds=seconds, out=out, log=log)

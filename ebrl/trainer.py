@@ -405,6 +405,18 @@ class Trainer:
     self._last_log = (now, self.env_steps)
     return row
 
+  def abort(self) -> None:
+    """Closes the envs, writers and checkpointer without a final checkpoint: a second interrupt may
+    have come mid-update, when the state the trainer holds was donated to an update that never
+    returned. The last checkpoint on disk is the run's."""
+    if self._finished is not None:
+      return
+    self.bar.close()
+    self.checkpointer.close()
+    self.writer.close()
+    self.envs.close()
+    self._finished = {}
+
   def finish(self) -> dict:
     """Final checkpoint, summary.json and plots, once; returns the summary (again on a second call)."""
     if self._finished is not None:

@@ -33,7 +33,7 @@ def main(argv: list[str]) -> None:
   from ebrl import api  # pylint: disable=g-import-not-at-top
 
   summary = api.train(cfg, _WORKDIR.value, progress=_PROGRESS.value, launch_time=LAUNCH_TIME,
-                      log=lambda m: print(m, flush=True))
+                      log=lambda m: print(m, flush=True), second_interrupt="default")
   print(json.dumps({k: summary[k] for k in (
       "env", "env_steps", "wall_s", "env_steps_per_s", "final_success_rate", "time_to_success_s")}))
   print(f"outputs in {summary.workdir}")

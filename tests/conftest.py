@@ -17,8 +17,7 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CACHE = os.path.join(ROOT, ".jax_cache")
-os.environ.setdefault("EBRL_JAX_CACHE", CACHE)
+CACHE = os.environ.setdefault("EBRL_JAX_CACHE", os.path.join(ROOT, ".jax_cache"))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 

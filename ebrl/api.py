@@ -129,11 +129,7 @@ def train(config: ml_collections.ConfigDict | Mapping | None = None, workdir: st
         trainer.abort()
         raise
       log("interrupted; saving a checkpoint and the summary")  # No handler could be installed here.
-    try:
-      summary = trainer.finish()
-    except KeyboardInterrupt:  # A second interrupt while the summary and plots were written.
-      trainer.abort()
-      raise
+    summary = trainer.finish()  # A second interrupt during it is held until it is done.
   return Summary(summary, _paths(trainer.workdir))
 
 

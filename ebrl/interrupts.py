@@ -10,8 +10,12 @@ signal's default action back, so a second one ends the process at once, even
 inside a long compile; checkpoints are written to a temporary directory and
 renamed when complete, so the last good one survives that. Inside a notebook
 kernel the default action would kill the kernel and every variable in it, so
-the Python API puts back the handlers that were there before instead
-(`second="previous"`): the kernel's own, which raises KeyboardInterrupt.
+the Python API passes the second signal to the handlers that were there
+before instead (`second="previous"`): the kernel's own, which raises
+KeyboardInterrupt. That exception may not land inside a checkpoint write (it
+would leave Orbax's writer threads running, and the process aborts at exit), so
+writes run in `uninterruptible()`: a second signal that comes during one is
+held and delivered when the write is done.
 """
 
 from __future__ import annotations
@@ -22,6 +26,30 @@ import threading
 from typing import Callable, Iterator
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+_held_lock = threading.Lock()
+_writes_in_progress = 0
+_held: list[int] = []  # Signals that came during a write, delivered when the last write ends.
+
+
+@contextlib.contextmanager
+def uninterruptible() -> Iterator[None]:
+  """A region (a checkpoint write, the final outputs) that a second signal under
+  second="previous" waits for instead of interrupting; any thread may enter it."""
+  global _writes_in_progress
+  with _held_lock:
+    _writes_in_progress += 1
+  try:
+    yield
+  finally:
+    with _held_lock:
+      _writes_in_progress -= 1
+      held = _held[:] if _writes_in_progress == 0 else []
+      if held:
+        _held.clear()
+    for signum in held:
+      signal.raise_signal(signum)  # Delivered to the main thread's handler, now outside any write.
 
 
 def _installable(handler):
@@ -46,9 +74,24 @@ def stop_on_signals(stop: threading.Event, log: Callable[[str], None] = print,
     raise ValueError(f"second={second!r}; valid: 'default', 'previous'")
   again = "press Ctrl-C again to exit at once" if second == "default" else "interrupt again to stop at once"
 
+  def later(signum, frame):
+    """Under second="previous": the earlier handler's effect, once no write is in progress."""
+    with _held_lock:
+      if _writes_in_progress:
+        _held.append(signum)
+        return
+    handler = previous[signum]
+    if callable(handler):
+      handler(signum, frame)
+    elif signum == signal.SIGINT:
+      raise KeyboardInterrupt
+    else:
+      signal.signal(signum, signal.SIG_DFL)
+      signal.raise_signal(signum)
+
   def first(signum, frame):  # pylint: disable=unused-argument
     for sig in SIGNALS:
-      signal.signal(sig, signal.SIG_DFL if second == "default" else _installable(previous[sig]))
+      signal.signal(sig, signal.SIG_DFL if second == "default" else later)
     stop.set()
     log(f"{signal.Signals(signum).name}: stopping after the current update to save a checkpoint "
         f"and the summary; {again}")

@@ -23,7 +23,7 @@ import numpy as np
 import tqdm
 import tqdm.auto
 
-from ebrl import validation
+from ebrl import interrupts, validation
 from ebrl import workdir as workdir_lib
 from ebrl.checkpointing import Checkpointer
 from ebrl.errors import UserError
@@ -300,7 +300,8 @@ class Trainer:
             "best_success_rate": _finite_or_none(self.best_success_rate),
             "stale_dropped": self.stale_dropped, "force_started": self.force_started, "env_seed": self.env_seed,
             "episodes": self.tracker.state_dict(), "sampler_calls": self.sampler.calls}
-    self.checkpointer.save(env_steps, self.state, meta)
+    with interrupts.uninterruptible():
+      self.checkpointer.save(env_steps, self.state, meta)
     self._last_ckpt = time.time()
 
   # -- progress ---------------------------------------------------------------
@@ -411,16 +412,22 @@ class Trainer:
     returned. The last checkpoint on disk is the run's."""
     if self._finished is not None:
       return
-    self.bar.close()
-    self.checkpointer.close()
-    self.writer.close()
-    self.envs.close()
-    self._finished = {}
+    with interrupts.uninterruptible():
+      self.bar.close()
+      self.checkpointer.close()
+      self.writer.close()
+      self.envs.close()
+      self._finished = {}
 
   def finish(self) -> dict:
-    """Final checkpoint, summary.json and plots, once; returns the summary (again on a second call)."""
+    """Final checkpoint, summary.json and plots, once; returns the summary (again on a second call).
+    A second interrupt (Python API) waits until all of it is written."""
     if self._finished is not None:
       return self._finished
+    with interrupts.uninterruptible():
+      return self._finish()
+
+  def _finish(self) -> dict:
     self.bar.close()
     if self._last_metrics:
       self.log(self._last_metrics)

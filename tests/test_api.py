@@ -168,6 +168,7 @@ def test_stop_button_stops_the_run_and_a_second_press_interrupts_without_killing
                          json.dumps(overrides)], cwd=str(tmp_path), env={**os.environ, "PYTHONPATH": ROOT},
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "Traceback" not in proc.stderr, proc.stderr[-3000:]  # No writer thread cut off at exit.
   assert "HANDLER_RESTORED True" in proc.stdout
   if presses == 1:
     steps = json.loads(proc.stdout.split("RETURNED ", 1)[1].splitlines()[0])["env_steps"]

@@ -112,3 +112,26 @@ def test_sigterm_stops_like_ctrl_c(tmp_path, sig):
     proc.kill()
   assert proc.returncode == 0, out
   assert (workdir / "summary.json").is_file()
+
+
+def test_a_second_signal_under_previous_waits_for_a_write_in_progress():
+  """The Python API's mode: a second SIGINT raises the earlier handler's KeyboardInterrupt, but
+  never inside a checkpoint write (Orbax's writer threads would be left running): it is held
+  until the write ends."""
+  import threading  # pylint: disable=g-import-not-at-top
+
+  from ebrl import interrupts
+
+  stop, events = threading.Event(), []
+  before = signal.getsignal(signal.SIGINT)
+  with interrupts.stop_on_signals(stop, log=lambda m: None, second="previous"):
+    signal.raise_signal(signal.SIGINT)
+    assert stop.is_set()
+    with pytest.raises(KeyboardInterrupt):
+      with interrupts.uninterruptible():
+        signal.raise_signal(signal.SIGINT)
+        events.append("write finished")  # Reached: the signal did not cut the write.
+    assert events == ["write finished"]
+    with pytest.raises(KeyboardInterrupt):  # Outside a write it interrupts at once.
+      signal.raise_signal(signal.SIGINT)
+  assert signal.getsignal(signal.SIGINT) is before

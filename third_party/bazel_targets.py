@@ -68,7 +68,8 @@ FAST_TESTS = (
 # Files a test reads (beyond the modules it imports).
 TEST_DATA = {
     "test_import_graph": ["//:sources"],
-    "test_docs": ["//:sources", "//:README.md", "//docs:ARCHITECTURE.md"],
+    "test_docs": ["//:sources", "//:README.md", "//docs:ARCHITECTURE.md", "//:WORKSPACE", "//:BUILD",
+                  "//notebooks:srcs", "//third_party:srcs"],
     "test_notebook": ["//notebooks:quickstart.ipynb"],
 }
 

@@ -97,6 +97,9 @@ def get_config() -> ml_collections.ConfigDict:
   # off = the ebrl.* sizes, every thread on every core; auto = profile, plan and re-plan
   # on drift; naive = equal split of the cores between sim, gen and train, no feedback;
   # manual = the quotas below. Other schedulers keep their fixed layout.
+  # Local devices per stage (ebrl/resources/devices.py): "" default (train on all, generate on device
+  # 0, a device simulator on all), "auto", a count ("2"), or indices ("0,1"; stages may share).
+  c.devices = ml_collections.ConfigDict(dict(gen="", train="", sim=""))
   c.resources = "off"
   c.quotas = ml_collections.ConfigDict(dict(
       profile="",  # profile.json to plan from (launch.profile); "" = measured at start, cached.

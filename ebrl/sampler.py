@@ -5,7 +5,9 @@ and keeps one jitted `act`; any batch size of ready envs can be served (each
 new size compiles once). The PRNG key of a call
 is derived inside the jit from a base key and a call counter, so a call costs a
 single dispatch. Actions come back raw (for the log-prob) and clipped to the
-env's bounds (for the simulator).
+env's bounds (for the simulator). With a generation mesh (config.devices.gen),
+each batch is split along its env axis over the mesh's devices (padded to a
+multiple of them) and the params are those the store placed there.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from ebrl.param_store import ParamStore
 from policies.base import Policy, action_size, state_value
@@ -31,9 +34,11 @@ class Actions(NamedTuple):
 
 class Sampler:
 
-  def __init__(self, policy: Policy, spec: EnvSpec, params: ParamStore, seed: int = 0):
+  def __init__(self, policy: Policy, spec: EnvSpec, params: ParamStore, seed: int = 0, mesh: Mesh | None = None):
     self.policy = policy
     self.params = params
+    self._batch_sharding = None if mesh is None else NamedSharding(mesh, P(mesh.axis_names[0]))
+    self._devices = 1 if mesh is None else mesh.devices.size
     low, high = jnp.asarray(spec.action_low), jnp.asarray(spec.action_high)
 
     a = spec.action_dim
@@ -62,8 +67,11 @@ class Sampler:
       counter = self._counter
     n = next(iter(obs.values())).shape[0]
     size = 1 << max(0, (n - 1).bit_length()) if pad else n
+    size = -(-size // self._devices) * self._devices  # Every generation device gets equal rows.
     if size != n:
       obs = {k: np.concatenate([v, np.zeros((size - n,) + v.shape[1:], v.dtype)]) for k, v in obs.items()}
+    if self._batch_sharding is not None:
+      obs = jax.device_put(obs, self._batch_sharding)
     out = self._act(params, obs, self._key, counter)
     return Actions(*(np.asarray(x)[:n] for x in out)), version
 

@@ -28,7 +28,7 @@ from ebrl import workdir as workdir_lib
 from ebrl.checkpointing import Checkpointer
 from ebrl.errors import UserError
 from ebrl.layout import RunLayout
-from ebrl.learner import Learner, LearnerConfig
+from ebrl.learner import Learner, LearnerConfig, make_mesh
 from ebrl.param_store import ParamStore, with_value_stats
 from ebrl.sampler import Sampler
 from ebrl.scheduler import make_scheduler
@@ -109,6 +109,7 @@ class Trainer:
       except ValueError as e:
         raise UserError(str(e)) from None
     self.layout = RunLayout.from_config(cfg, self.resources.plan if self.resources else None, device_env)
+    self.placement = self._placement(cfg, device_env)
     self.tracer = Tracer()
     self.clock = StageClock(self.tracer)  # Stages' busy time and spans (the render stage's draws too).
     self.device_sim = None
@@ -126,9 +127,11 @@ class Trainer:
     workdir_lib.write_config(self.workdir, cfg)
 
     self.action_size = action_size(self.policy, self.spec)
-    self.learner = Learner(self.policy, LearnerConfig.from_config(cfg, self.layout))
+    self.learner = Learner(self.policy, LearnerConfig.from_config(cfg, self.layout),
+                           mesh=make_mesh(self._local_devices(self.placement.train)))
     self.params = self._param_store()
-    self.sampler = Sampler(self.policy, self.spec, self.params, seed=cfg.seed + 1)
+    gen_mesh = None if self.device_sim is not None else make_mesh(self._local_devices(self.placement.gen))
+    self.sampler = Sampler(self.policy, self.spec, self.params, seed=cfg.seed + 1, mesh=gen_mesh)
     self.tracker = EpisodeTracker(cfg.num_envs, self.spec.has_success, target=cfg.target_success)
     self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"), keep=cfg.keep_checkpoints,
                                      warn=lambda m: tqdm.tqdm.write(m))
@@ -168,12 +171,29 @@ class Trainer:
     self.bar = tqdm.auto.tqdm(total=cfg.total_env_steps, initial=self.env_steps, unit="step", unit_scale=True,
                          mininterval=1.0, dynamic_ncols=True, disable=not progress)
 
+  @staticmethod
+  def _local_devices(indices: tuple[int, ...]) -> list:
+    local = jax.local_devices()
+    return [local[i] for i in indices]
+
+  def _placement(self, cfg, device_env: bool):
+    """Local devices per stage (config.devices); "auto" splits them by the plan's stage costs."""
+    from ebrl.resources import devices as devices_lib  # pylint: disable=g-import-not-at-top
+
+    costs = self.resources.plan.stage_cost_us if self.resources is not None else {}
+    placement = devices_lib.resolve(cfg.devices, jax.local_device_count(), device_env,
+                                    gen_cost=costs.get("gen", 1.0), train_cost=costs.get("train", 1.0))
+    if jax.local_device_count() > 1:
+      tqdm.tqdm.write(devices_lib.demand_split_note(placement, jax.local_device_count()))
+    return placement
+
   def _param_store(self) -> ParamStore:
-    """Host acting reads the policy params; device collects also the value statistics, replicated
-    on the simulator's mesh."""
-    if self.device_sim is None:
-      return ParamStore()
+    """Host acting reads the policy params, replicated on the generation devices (a device-to-device
+    copy from the learner's); device collects also the value statistics, on the simulator's mesh."""
     from jax.sharding import NamedSharding, PartitionSpec as P
+    if self.device_sim is None:
+      gen_mesh = make_mesh(self._local_devices(self.placement.gen))
+      return ParamStore(place=lambda params: jax.device_put(params, NamedSharding(gen_mesh, P())))
     mesh = self.device_sim.mesh
     place = None if mesh is None else (lambda params: jax.device_put(params, NamedSharding(mesh, P())))
     return ParamStore(select=with_value_stats, place=place)
@@ -227,7 +247,8 @@ class Trainer:
       self.resources.enforcer.assign("render", render_thread_ids())
 
   def _build_device_sim(self, cfg, layout: RunLayout) -> None:
-    """One DeviceSim over every local device, driven by the fused rollout (ebrl/scheduler/device_sync.py).
+    """One DeviceSim over the simulator's devices (config.devices.sim; default every local device), driven by
+    the fused rollout (ebrl/scheduler/device_sync.py).
 
     With scheduler=ebrl it holds one env group (num_envs / num_groups envs); each group is its own
     state of it (ebrl/scheduler/device_ebrl.py). ebrl/validation.py has rejected host-only schedulers.
@@ -242,7 +263,8 @@ class Trainer:
         raise UserError(f"{key}={value!r} is not supported for device env '{cfg.env.name}' (host envs only)")
     try:
       self.device_sim = make_device_sim(cfg.env.name, layout.envs_per_group,
-                                        max_episode_steps=cfg.env.max_episode_steps, mesh=make_sim_mesh())
+                                        max_episode_steps=cfg.env.max_episode_steps,
+                                        mesh=make_sim_mesh(self._local_devices(self.placement.sim)))
     except (ValueError, RuntimeError) as e:
       raise UserError(str(e)) from None
 

@@ -80,8 +80,14 @@ def validate(cfg, num_devices: int) -> None:
       raise UserError(f"algorithm.{name}={cfg.algorithm[name]!r} must be in [0, 1]")
   if not 0.0 < cfg.target_success <= 1.0:
     raise UserError(f"target_success={cfg.target_success!r} must be in (0, 1]")
-  if cfg.num_envs % num_devices:
-    raise UserError(f"num_envs={cfg.num_envs} must be divisible by the {num_devices} devices of the learner mesh")
+  from ebrl.resources import devices as devices_lib  # pylint: disable=g-import-not-at-top
+
+  placement = devices_lib.resolve(cfg.devices, num_devices, device)
+  train_devices, sim_devices = len(placement.train), len(placement.sim)
+  if cfg.num_envs % train_devices:
+    raise UserError(f"num_envs={cfg.num_envs} must be divisible by the {train_devices} devices of the learner mesh")
+  if device and cfg.scheduler != "ebrl" and cfg.num_envs % sim_devices:
+    raise UserError(f"num_envs={cfg.num_envs} must be divisible by the {sim_devices} devices of the sim mesh")
   batch = cfg.num_envs * cfg.rollout_length
   if batch % cfg.algorithm.num_minibatches:
     raise UserError(f"algorithm.num_minibatches={cfg.algorithm.num_minibatches} must divide "
@@ -117,14 +123,14 @@ def validate(cfg, num_devices: int) -> None:
     if (segments * cfg.rollout_length) % cfg.algorithm.num_minibatches:
       raise UserError(f"algorithm.num_minibatches={cfg.algorithm.num_minibatches} must divide "
                       f"ebrl.segments_per_update * rollout_length = {segments * cfg.rollout_length}")
-    if segments % num_devices:
-      raise UserError(f"ebrl.segments_per_update={segments} must be divisible by the {num_devices} learner devices")
+    if segments % train_devices:
+      raise UserError(f"ebrl.segments_per_update={segments} must be divisible by the {train_devices} learner devices")
     if device and segments % per_group:  # A device group collects all its envs at once.
       raise UserError(f"ebrl.segments_per_update={segments} must be a multiple of the {per_group} envs per group "
                       f"(num_envs / ebrl.num_groups) for device env '{cfg.env.name}'")
-    if device and per_group % num_devices:
+    if device and per_group % sim_devices:
       raise UserError(f"num_envs / ebrl.num_groups = {per_group} envs per group must be divisible by the "
-                      f"{num_devices} devices of the sim mesh")
+                      f"{sim_devices} devices of the sim mesh")
   _check_run(cfg)
   _check_env(cfg)
   _check_resources(cfg, device)

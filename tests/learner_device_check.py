@@ -42,29 +42,29 @@ def make_spec() -> EnvSpec:
                  max_episode_steps=10, has_success=False)
 
 
-def make_rollout(policy: MLPPolicy, params, seed: int, p_end: float = 0.15) -> Rollout:
+def make_rollout(policy: MLPPolicy, params, seed: int, p_end: float = 0.15, n: int = N) -> Rollout:
   """A random [T, N] rollout whose logp/values are the given policy's.
 
   Each valid step terminates or truncates with probability p_end; the step after
   an episode end is an (invalid) automatic-reset step, as EnvPool produces.
   """
   rng = np.random.default_rng(seed)
-  obs = rng.normal(1.0, 2.0, (T + 1, N, OBS_DIM)).astype(np.float32)
-  actions = rng.normal(0.0, 0.7, (T + 1, N, ACTION_DIM)).astype(np.float32)
-  terminated = np.zeros((T, N), bool)
-  done = np.zeros((T, N), bool)
-  valid = np.ones((T, N), bool)
+  obs = rng.normal(1.0, 2.0, (T + 1, n, OBS_DIM)).astype(np.float32)
+  actions = rng.normal(0.0, 0.7, (T + 1, n, ACTION_DIM)).astype(np.float32)
+  terminated = np.zeros((T, n), bool)
+  done = np.zeros((T, n), bool)
+  valid = np.ones((T, n), bool)
   for t in range(T):
     if t > 0:
       valid[t] = ~done[t - 1]  # the step after an episode end is an automatic reset
-    term = (rng.random(N) < p_end) & valid[t]
-    trunc = (rng.random(N) < p_end) & valid[t] & ~term
+    term = (rng.random(n) < p_end) & valid[t]
+    trunc = (rng.random(n) < p_end) & valid[t] & ~term
     terminated[t], done[t] = term, term | trunc
-  rewards = np.where(valid, rng.normal(0.0, 1.0, (T, N)), 0.0).astype(np.float32)
+  rewards = np.where(valid, rng.normal(0.0, 1.0, (T, n)), 0.0).astype(np.float32)
   logp, _, values = jax.jit(policy.evaluate)(params, {"state": obs}, actions)
   return Rollout(obs={"state": obs[:T]}, actions=actions[:T], logp=np.asarray(logp)[:T],
                  values=np.asarray(values), rewards=rewards, terminated=terminated, done=done,
-                 valid=valid, version=np.zeros((T, N), np.int32))
+                 valid=valid, version=np.zeros((T, n), np.int32))
 
 
 def flat_params(params) -> dict[str, np.ndarray]:

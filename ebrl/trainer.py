@@ -129,8 +129,9 @@ class Trainer:
     self.action_size = action_size(self.policy, self.spec)
     self.learner = Learner(self.policy, LearnerConfig.from_config(cfg, self.layout),
                            mesh=make_mesh(self._local_devices(self.placement.train)))
-    self.params = self._param_store()
+    # Host acting: generation on its own devices (a device env's policy acts inside the sim's scan).
     gen_mesh = None if self.device_sim is not None else make_mesh(self._local_devices(self.placement.gen))
+    self.params = self._param_store(gen_mesh)
     self.sampler = Sampler(self.policy, self.spec, self.params, seed=cfg.seed + 1, mesh=gen_mesh)
     self.tracker = EpisodeTracker(cfg.num_envs, self.spec.has_success, target=cfg.target_success)
     self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"), keep=cfg.keep_checkpoints,
@@ -187,12 +188,11 @@ class Trainer:
       tqdm.tqdm.write(devices_lib.demand_split_note(placement, jax.local_device_count()))
     return placement
 
-  def _param_store(self) -> ParamStore:
+  def _param_store(self, gen_mesh) -> ParamStore:
     """Host acting reads the policy params, replicated on the generation devices (a device-to-device
     copy from the learner's); device collects also the value statistics, on the simulator's mesh."""
     from jax.sharding import NamedSharding, PartitionSpec as P
     if self.device_sim is None:
-      gen_mesh = make_mesh(self._local_devices(self.placement.gen))
       return ParamStore(place=lambda params: jax.device_put(params, NamedSharding(gen_mesh, P())))
     mesh = self.device_sim.mesh
     place = None if mesh is None else (lambda params: jax.device_put(params, NamedSharding(mesh, P())))
@@ -436,10 +436,14 @@ class Trainer:
       return
     with interrupts.uninterruptible():
       self.bar.close()
-      self.checkpointer.close()
-      self.writer.close()
-      self.envs.close()
+      self._close_outputs()
       self._finished = {}
+
+  def _close_outputs(self) -> None:
+    """The checkpointer (waiting for its writes), the metric writers and the envs."""
+    self.checkpointer.close()
+    self.writer.close()
+    self.envs.close()
 
   def finish(self) -> dict:
     """Final checkpoint, summary.json and plots, once; returns the summary (again on a second call).
@@ -454,9 +458,7 @@ class Trainer:
     if self._last_metrics:
       self.log(self._last_metrics)
     self.checkpoint()
-    self.checkpointer.close()
-    self.writer.close()
-    self.envs.close()
+    self._close_outputs()
     elapsed = time.time() - self.start_time
     stages = self.clock.snapshot()
     summary = {

@@ -19,7 +19,6 @@ config.devices.{gen,train,sim}, each a string:
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from ebrl.errors import UserError
 
@@ -127,6 +126,3 @@ def demand_split_note(placement: DevicePlacement, num_devices: int) -> str:
   return (f"devices: generation on {list(placement.gen)}, training on {list(placement.train)}"
           + (f", simulator on {list(placement.sim)}" if placement.sim else "") + f" ({share})")
 
-
-def ceil_to_multiple(n: int, k: int) -> int:
-  return int(math.ceil(n / k) * k)

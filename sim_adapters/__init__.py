@@ -31,11 +31,11 @@ def known_env_names() -> tuple[str, ...]:
 
 def check_env_name(name: str) -> None:
   """Raises UnknownEnvError naming the closest valid names."""
-  from sim_adapters import mjx
+  from sim_adapters.mjx import names as device_names
 
-  if mjx.is_device_env(name):
+  if device_names.is_device_env(name):
     try:
-      mjx.check_device_env_name(name)
+      device_names.check_device_env_name(name)
     except ValueError as e:
       raise UnknownEnvError(str(e)) from None
     return
@@ -71,9 +71,9 @@ def make_adapter(name: str, num_envs: int, *, batch_size: int | None = None, num
     render_camera = camera_id(name, render_camera)
   elif render_camera != -1:
     raise ValueError(f"render_camera={render_camera!r} needs from_pixels=True")
-  from sim_adapters import mjx
+  from sim_adapters.mjx import names as device_names
 
-  if mjx.is_device_env(name):
+  if device_names.is_device_env(name):
     raise UnknownEnvError(f"env '{name}' is a device simulator: build it with sim_adapters.mjx.make_device_sim")
   if chunk_size > 1 and batch_size is None:
     # Chunks run per env (sim_adapters/chunks.py): a synchronous `step` gathers envs one by
@@ -146,9 +146,9 @@ def make_env_groups(name: str, num_groups: int, envs_per_group: int, *, recv_bat
 
 def is_device_env(name: str) -> bool:
   """Whether `name` is a device simulator (`mjx:...` or `brax:...`)."""
-  from sim_adapters import mjx
+  from sim_adapters.mjx import names as device_names
 
-  return mjx.is_device_env(name)
+  return device_names.is_device_env(name)
 
 
 __all__ = ["EnvSpec", "ObsSpec", "SimAdapter", "StepBatch", "UnknownEnvError",

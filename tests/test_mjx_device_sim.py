@@ -16,7 +16,7 @@ import pytest
 
 from sim_adapters import UnknownEnvError, check_env_name
 from sim_adapters.mjx import device_env_names, make_device_sim
-from sim_adapters.mjx.backends import BRAX_ENVS
+from sim_adapters.mjx.names import BRAX_ENVS
 
 FAST = ["mjx:CartpoleBalance"]
 SLOW = ["mjx:PandaPickCube", "mjx:PandaOpenCabinet", "mjx:LeapCubeReorient", "mjx:Go1JoystickFlatTerrain",

@@ -9,42 +9,7 @@ compile; loading happens in `make_device_sim`.
 
 from __future__ import annotations
 
-import difflib
-
-from sim_adapters.mjx.backends import BRAX_ENVS, PLAYGROUND_MENAGERIE_ENVS
-
-PREFIXES = ("mjx:", "brax:")
-
-# The Playground DM Control suite (mujoco_playground.dm_control_suite.ALL_ENVS);
-# a test checks this list against the installed package.
-PLAYGROUND_DM_CONTROL_ENVS = (
-    "AcrobotSwingup", "AcrobotSwingupSparse", "BallInCup", "CartpoleBalance", "CartpoleBalanceSparse",
-    "CartpoleSwingup", "CartpoleSwingupSparse", "CheetahRun", "FingerSpin", "FingerTurnEasy", "FingerTurnHard",
-    "FishSwim", "HopperHop", "HopperStand", "HumanoidStand", "HumanoidWalk", "HumanoidRun", "PendulumSwingup",
-    "PointMass", "ReacherEasy", "ReacherHard", "SwimmerSwimmer6", "WalkerRun", "WalkerStand", "WalkerWalk")
-
-
-def is_device_env(name: str) -> bool:
-  """Whether `name` selects a device simulator (mjx:... or brax:...)."""
-  return name.startswith(PREFIXES)
-
-
-def device_env_names() -> tuple[str, ...]:
-  return (tuple(f"mjx:{n}" for n in PLAYGROUND_DM_CONTROL_ENVS + PLAYGROUND_MENAGERIE_ENVS)
-          + tuple(f"brax:{n}" for n in BRAX_ENVS))
-
-
-def check_device_env_name(name: str) -> None:
-  """Raises ValueError naming the closest valid device env names."""
-  names = device_env_names()
-  if name in names:
-    return
-  prefix = name.split(":", 1)[0] + ":"
-  pool = [n for n in names if n.startswith(prefix)] or list(names)
-  lowered = {n.lower(): n for n in pool}
-  close = difflib.get_close_matches(name.lower(), list(lowered), n=3, cutoff=0.6)
-  hint = ", ".join(lowered[c] for c in close) if close else ", ".join(pool[:4]) + ", ..."
-  raise ValueError(f"unknown env '{name}'; closest valid names: {hint}")
+from sim_adapters.mjx.names import PREFIXES, check_device_env_name, device_env_names, is_device_env
 
 
 def load_core_env(name: str, max_episode_steps: int = 0):

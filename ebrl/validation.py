@@ -116,8 +116,9 @@ def validate(cfg, num_devices: int) -> None:
     if not isinstance(e.max_staleness, int) or e.max_staleness < 0:
       raise UserError(f"ebrl.max_staleness={e.max_staleness!r} must be an integer >= 0")
     per_group = layout.envs_per_group
-    if e.recv_batch < 0 or e.recv_batch >= per_group:
-      raise UserError(f"ebrl.recv_batch={e.recv_batch} must be in [0, {per_group}) (envs per group; 0 = auto)")
+    if e.recv_batch < 0 or e.recv_batch > per_group:
+      raise UserError(f"ebrl.recv_batch={e.recv_batch} must be in [0, {per_group}] (envs per group; 0 = auto, "
+                      f"{per_group} = every env of a group steps together)")
     _non_negative("ebrl.max_wait_ms", e.max_wait_ms)
     segments = layout.segments_per_update
     if (segments * cfg.rollout_length) % cfg.algorithm.num_minibatches:
@@ -246,6 +247,7 @@ def _check_resources(cfg, device: bool) -> None:
   q = cfg.quotas
   if q.control_interval_s < 0:
     raise UserError(f"quotas.control_interval_s={q.control_interval_s!r} must be >= 0 (0 = no runtime feedback)")
+  _non_negative("quotas.overlap_probe_s", q.overlap_probe_s)
   if not isinstance(q.sim_threads, int) or q.sim_threads < 0:
     raise UserError(f"quotas.sim_threads={q.sim_threads!r} must be an integer >= 0 (0 = one per sim core)")
   if q.profile and not os.path.isfile(q.profile):

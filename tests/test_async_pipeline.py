@@ -370,3 +370,49 @@ def test_mt10_receiver_error_ends_an_ebrl_run(tmp_path):
   close_start = time.time()
   trainer.envs.close()
   assert time.time() - close_start < 2.0
+
+
+@pytest.mark.parametrize("env_name,eta", [("CartpoleBalance-v1", 0), ("CartpoleBalance-v1", 1), ("MetaWorld/MT10", 1)])
+def test_fully_batched_layout_steps_every_env_together_within_the_bound(tmp_path, env_name, eta):
+  """recv_batch = envs per group: sync-mode pools take one send per recv, so envs parked by the
+  staleness bound (half of them here: an update takes half the envs' segments) go out with the
+  next reply. Every recv returns each env in flight once, the run reaches its budget, and no
+  regular sample is older than eta."""
+  cfg = _tiny_ebrl_config(10**9)
+  cfg.env.name, cfg.num_envs, cfg.rollout_length = env_name, 20 if env_name == "MetaWorld/MT10" else 8, 4
+  cfg.ebrl.num_groups, cfg.ebrl.recv_batch, cfg.ebrl.max_staleness = 1, cfg.num_envs, eta
+  cfg.ebrl.segments_per_update = cfg.num_envs // 2
+  cfg.total_env_steps = 8 * cfg.ebrl.segments_per_update * cfg.rollout_length
+  trainer = Trainer(cfg, str(tmp_path), progress=False)
+  adapter = trainer.host_envs[0]
+  assert not adapter.is_async  # Sync-mode pools: the fully batched layout.
+  recv, received = adapter.recv, []
+
+  def recording_recv():
+    b = recv()
+    received.append(b.env_ids.copy())
+    return b
+
+  adapter.recv = recording_recv
+  scheduler = make_scheduler("ebrl", trainer.run_context())
+  taken, seen, get_batch = [], [], scheduler.queue.get_batch
+
+  def recording_get_batch(timeout):
+    version = scheduler.queue.version
+    items = get_batch(timeout)
+    if items is not None:
+      taken.append((version, items))
+    return items
+
+  scheduler.queue.get_batch = recording_get_batch
+  trainer.update_hooks.append(lambda t: seen.append(dict(t._last_metrics)))  # pylint: disable=protected-access
+  scheduler.run(trainer.state, cfg.total_env_steps)
+  summary = trainer.finish()
+  assert not _stage_threads()
+  assert summary["env_steps"] >= cfg.total_env_steps and len(taken) >= 8
+  ids = np.concatenate(received)
+  assert len(received) > 8 and ids.min() >= 0 and ids.max() < cfg.num_envs
+  # Between two sends no env is received twice (a second send before a recv would mix rows up).
+  assert all(len(np.unique(r)) == len(r) for r in received)
+  _check_staleness(taken, seen, eta)
+  assert scheduler.queue.forced == 0

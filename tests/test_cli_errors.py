@@ -49,6 +49,8 @@ CASES = {
     "nan_ent_coef": (["--config.algorithm.ent_coef=nan"], "algorithm.ent_coef=nan must be a finite"),
     "nan_learning_rate": (["--config.algorithm.learning_rate=nan"], "algorithm.learning_rate=nan must be a positive"),
     "nan_max_wait": (["--config.scheduler=ebrl", "--config.ebrl.max_wait_ms=nan"], "ebrl.max_wait_ms=nan must be"),
+    "recv_batch_beyond_group": (["--config.scheduler=ebrl", "--config.num_envs=8", "--config.ebrl.num_groups=2",
+                                 "--config.ebrl.recv_batch=5"], "ebrl.recv_batch=5 must be in [0, 4] (envs per group"),
     "tiny_render_size": (["--config.env.render_size=4"], "env.render_size=4 must be an integer >= 8"),
     "negative_env_threads": (["--config.env.num_threads=-1"], "env.num_threads=-1 must be an integer >= 0"),
     "negative_seed": (["--config.seed=-1"], "seed=-1 must be an integer in [0, "),

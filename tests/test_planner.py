@@ -80,14 +80,37 @@ def test_auto_plan_is_the_best_the_model_allows(kwargs):
 
 
 def test_known_optimum_shared_pool_and_batch():
-  # Everything CPU-bound and perfectly parallel: the optimum is the shared pool at the largest
-  # allowed recv batch, and its rate is cores / total cost.
+  # Everything CPU-bound and perfectly parallel, generation free: the optimum is the fully batched
+  # layout on a shared pool (the sync step's cost, nothing lost to the chain), at cores / total cost.
   p = synthetic(gen_call=0.0, gen_row=0.0, train_us=0.0)
   plan = planner.plan_auto(p, (0, 1, 2, 3), SHAPE)
   assert set(plan.cpu_sets["sim"]) == {0, 1, 2, 3} == set(plan.cpu_sets["train"])
-  assert plan.num_groups == 1 and plan.recv_batch == 60  # One env per core stays in flight.
-  expected = 4e6 / (100.0 + 800.0 / 60 + (10.0 + 0.1 * 60) / 60)
+  assert plan.num_groups == 1 and plan.recv_batch == 64
+  expected = 4e6 / (100.0 + (10.0 + 0.1 * 64) / 64)
   assert plan.predicted_env_steps_per_s == pytest.approx(expected, rel=1e-6)
+  assert plan.predicted_env_steps_per_s == pytest.approx(planner.work_conserving_bound(p, (0, 1, 2, 3), SHAPE)
+                                                         ["env_steps_per_s"], rel=1e-6)
+
+
+def test_generation_latency_makes_async_groups_beat_the_fully_batched_chain():
+  # A generation call of 3 ms: the fully batched chain waits for it every step, while async recvs
+  # keep envs stepping meanwhile. The best async plan: one env per core in flight.
+  p = synthetic(gen_call=3000.0, gen_row=0.0, train_us=0.0)
+  plan = planner.plan_auto(p, (0, 1, 2, 3), SHAPE)
+  full = planner._make("auto", p, SHAPE, {s: (0, 1, 2, 3) for s in ("sim", "gen", "train", "assemble")}, 1, 64)
+  chain = 1e6 / (100.0 / 4 + 3000.0 / 64)  # Sim on 4 cores, then one generation call per step of every env.
+  assert full.predicted_env_steps_per_s == pytest.approx(chain, rel=1e-6)
+  assert plan.recv_batch < 64 and plan.predicted_env_steps_per_s > 1.2 * chain
+
+
+def test_costly_async_recvs_choose_the_fully_batched_layout():
+  # Each recv costs 4 ms of CPU (MetaWorld/MT10's ten small pools look like this): stepping every
+  # env at once is cheaper than any recv batch that keeps envs in flight.
+  p = synthetic(sim_call=4000.0, gen_call=50.0)
+  plan = planner.plan_auto(p, (0, 1, 2, 3), SHAPE)
+  assert (plan.num_groups, plan.recv_batch, plan.max_gen_batch) == (1, 64, 64)
+  assert plan.stage_cost_us["sim"] == p.sim_sync_cpu_us()
+  assert plan.predicted_env_steps_per_s > 1.2 * _brute_force(p, (0, 1, 2, 3), SHAPE)
 
 
 def test_dedicated_learner_block_when_it_is_the_only_way_to_parallelise():
@@ -116,7 +139,7 @@ def test_bound_is_cores_over_cheapest_total_and_never_below_a_plan():
   total = 100.0 + (200.0 + 0.5 * 64) / 64 + 20.0 + (10.0 + 0.1 * 64) / 64
   assert bound["cpu_us_per_step"] == pytest.approx(total)
   assert bound["env_steps_per_s"] == pytest.approx(4e6 / total)
-  for groups, recv in itertools.product((1, 2), (8, 16, 24)):
+  for groups, recv in [*itertools.product((1, 2), (8, 16, 24)), (1, 64)]:
     for _, layout in planner._layouts(cores):
       plan = planner._make("auto", p, SHAPE, layout, groups, recv)
       assert plan.predicted_env_steps_per_s <= bound["env_steps_per_s"] + 1e-6

@@ -11,11 +11,20 @@ bottleneck.
 
 The planner enumerates the choices that move those numbers - env groups, the
 recv batch (bigger amortises per-call costs, smaller keeps more envs in
-flight), the generation batch, and core layouts (one shared pool, or sim on a
+flight; all of them is the fully batched layout below), the generation batch,
+and core layouts (one shared pool, or sim on a
 dedicated block with generation and training beside it; a render stage with
 the simulator, on every core, or on a block of its own) - and keeps the best
 prediction. The render stage draws on one thread at a time, so its cap is one
 draw after another; its cores serve Mesa's rasterizer threads.
+
+The *fully batched layout* is one group whose recv returns every env (sync-mode
+pools): it pays the simulator's cheapest per-step cost and one generation call
+for all envs, as the sync scheduler does, but its simulation and generation
+take turns (nothing else is in flight while actions are generated), so its
+rollout is capped by the chain `1 / (sim time + gen time)` per step. The
+learner still trains beside it. It wins where async recvs cost more per step
+than generation latency costs the chain (MetaWorld/MT10's ten small pools).
 
 The *work-conserving bound* is what any schedule could reach with these stage
 costs on these cores: every core busy all the time at the cheapest batching
@@ -56,11 +65,17 @@ class RunShape:
                render_stage=bool(cfg.env.render_stage))
 
 
+def fully_batched(profile: Profile, groups: int, recv_batch: int) -> bool:
+  """Whether (groups, recv_batch) is the fully batched layout: one group receiving every env."""
+  return groups == 1 and recv_batch >= profile.shape["num_envs"]
+
+
 def stage_costs(profile: Profile, groups: int, recv_batch: int) -> dict[str, float]:
   """CPU µs per env step of every stage when groups deliver recv_batch rows per recv and the
   sampler merges one recv of each group per generation call."""
   gen_batch = recv_batch * groups
-  costs = {"sim": profile.sim_cpu_us(recv_batch),
+  sim = profile.sim_sync_cpu_us() if fully_batched(profile, groups, recv_batch) else profile.sim_cpu_us(recv_batch)
+  costs = {"sim": sim,
            "gen": profile.gen_cpu_us(gen_batch) / gen_batch,
            "train": profile.train_cpu_us_per_step(),
            "assemble": profile.assemble_cpu_us(gen_batch) / gen_batch}
@@ -79,6 +94,9 @@ def stage_caps(profile: Profile, cpu_sets: dict[str, tuple[int, ...]], sim_threa
           "assemble": math.inf}
   if profile.render:  # One draw at a time, whichever group it serves.
     caps["render"] = recv_batch * 1e6 / max(profile.render_wall_us(recv_batch), 1e-9)
+  if fully_batched(profile, gen_batch // max(recv_batch, 1), recv_batch):
+    # Simulation and generation take turns: each step costs both stages' wall time.
+    caps["sim"] = 1e6 / (1e6 / max(caps["sim"], 1e-9) + profile.gen_wall_us(gen_batch) / gen_batch)
   return caps
 
 
@@ -136,6 +154,15 @@ def _group_choices(shape: RunShape) -> list[int]:
   return [g for g in (1, 2, 4) if shape.num_envs % g == 0 and envs_per_group(shape.num_envs, g) >= 2]
 
 
+def _batch_choices(shape: RunShape, cores: tuple[int, ...]) -> list[tuple[int, int]]:
+  """Every (groups, recv batch) the planner scores: the async grid, then the fully batched layout."""
+  choices = []
+  for groups in _group_choices(shape):
+    per_group = envs_per_group(shape.num_envs, groups)
+    choices += [(groups, recv) for recv in _recv_choices(per_group, groups, _in_flight_need(shape, cores))]
+  return choices + [(1, shape.num_envs)]
+
+
 def _in_flight_need(shape: RunShape, cores: tuple[int, ...]) -> int:
   """Envs that must stay in flight while a batch waits for actions: one per core (at most half)."""
   return 0 if shape.multitask else min(len(cores), shape.num_envs // 2)
@@ -188,14 +215,12 @@ def plan_auto(profile: Profile, cores: tuple[int, ...], shape: RunShape, notes: 
   `fixed` = (groups, recv_batch) keeps what a running run cannot change (its simulators exist).
   """
   best, best_key = None, None
-  for groups in ([fixed[0]] if fixed else _group_choices(shape)):
-    per_group = envs_per_group(shape.num_envs, groups)
-    for recv in ([fixed[1]] if fixed else _recv_choices(per_group, groups, _in_flight_need(shape, cores))):
-      for order, (_, layout) in enumerate(_layouts(cores, render=bool(profile.render))):
-        plan = _make("auto", profile, shape, layout, groups, recv, notes)
-        key = (round(plan.predicted_env_steps_per_s, 6), -groups, recv, -order)
-        if best_key is None or key > best_key:
-          best, best_key = plan, key
+  for groups, recv in ([fixed] if fixed else _batch_choices(shape, cores)):
+    for order, (_, layout) in enumerate(_layouts(cores, render=bool(profile.render))):
+      plan = _make("auto", profile, shape, layout, groups, recv, notes)
+      key = (round(plan.predicted_env_steps_per_s, 6), -groups, recv, -order)
+      if best_key is None or key > best_key:
+        best, best_key = plan, key
   if best is None:
     raise ValueError(f"no feasible plan for {shape.num_envs} envs")
   return best

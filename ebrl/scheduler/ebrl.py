@@ -46,7 +46,7 @@ from ebrl.scheduler.context import RunContext
 from ebrl.scheduler.loop_threads import POLL_S, LoopThreads, learner_loop
 from ebrl.trajectories.queue import TrajectoryQueue
 from ebrl.types import SegmentBatch, TrainState
-from sim_adapters.base import StepBatch, concat_batches
+from sim_adapters.base import StepBatch, concat_batches, concat_sorted
 
 _WAKE = ("wake", None)
 
@@ -76,6 +76,10 @@ class EbrlScheduler:
     self.ctx = ctx
     layout = ctx.layout
     self.groups = ctx.host_envs
+    # The fully batched layout (recv_batch = envs per group: sync-mode pools): a group's envs
+    # step together, so its recv gathers every env in flight, as the sync scheduler's step does,
+    # and the learner still trains beside the rollout.
+    self.gather_all = [not getattr(self.groups[g], "is_async", True) for g in range(len(self.groups))]
     self.max_gen_batch = layout.max_gen_batch
     self.max_wait_s = ctx.max_wait_s
     self.resources = ctx.resources  # Pins each stage's thread to its quota; re-plans reach us below.
@@ -83,6 +87,8 @@ class EbrlScheduler:
       self._apply_plan(self.resources.plan)
       self.resources.listeners.append(self._apply_plan)
     self.queue = TrajectoryQueue(layout.segments_per_update, ctx.max_staleness)
+    if self.resources is not None:  # Overlap or a barrier, as the resource manager measures it.
+      self.resources.admission_listeners.append(self.queue.set_admission)
     self.assembler = TrajectoryAssembler(ctx.spec, layout.num_envs, layout.rollout_length,
                                          lambda seg: self.queue.put(seg, seg.start_version, seg.forced),
                                          ctx.action_size)
@@ -135,27 +141,62 @@ class EbrlScheduler:
         adapter.reset()
     else:
       adapter.reset()
+    lockstep = self.gather_all[g]
     while not self._stopping():
-      # Envs parked by the staleness bound may leave too few in flight for a recv to
-      # return (async EnvPool waits for a whole batch): then wait for their actions.
-      sent = self._send_late(g, block=not adapter.can_recv())
-      if not adapter.can_recv():
-        if sent:
+      if lockstep:
+        # A sync-mode pool takes one send per recv (a second send before the recv mixes up
+        # its rows): parked envs' actions go out only with nothing in flight or with a reply.
+        if not adapter.can_recv():
+          late = self._take_late(g, block=True)
+          if late is None:
+            self._starved[g].set()
+            continue
           self._starved[g].clear()
-        else:
-          self._starved[g].set()
-        continue
+          with clock.stage("sim", lane=lane):
+            adapter.send(late[1], late[0])
+          continue
+      else:
+        # Envs parked by the staleness bound may leave too few in flight for a recv to
+        # return (async EnvPool waits for a whole batch): then wait for their actions.
+        sent = self._send_late(g, block=not adapter.can_recv())
+        if not adapter.can_recv():
+          if sent:
+            self._starved[g].clear()
+          else:
+            self._starved[g].set()
+          continue
       self._starved[g].clear()
       with clock.stage("sim", lane=lane):
         batch = adapter.recv()
+        if lockstep:  # Every env in flight, as the sync scheduler's step gathers them.
+          batches = [batch]
+          while adapter.can_recv():
+            batches.append(adapter.recv())
+          batch = concat_sorted(batches) if len(batches) > 1 else batch
       self._ready.put((g, batch))
       reply = self._wait(self._replies[g])
       if reply is None:
         return
       ids, env_actions = reply
+      late = self._take_late(g, block=False) if lockstep else None
+      if late:
+        ids = np.concatenate([ids, late[0]])
+        env_actions = late[1] if env_actions is None else np.concatenate([env_actions, late[1]])
       if len(ids):
         with clock.stage("sim", lane=lane):  # Handing actions over is simulator work too.
           adapter.send(env_actions, ids)
+
+  def _take_late(self, g: int, block: bool) -> tuple[np.ndarray, np.ndarray] | None:
+    """Every action generated so far for this group's parked envs, as one (ids, actions) pair."""
+    items = []
+    while True:
+      try:
+        items.append(self._late[g].get(timeout=POLL_S) if block and not items else self._late[g].get_nowait())
+      except queue.Empty:
+        break
+    if not items:
+      return None
+    return np.concatenate([i for i, _ in items]), np.concatenate([a for _, a in items])
 
   def _send_late(self, g: int, block: bool) -> int:
     """Sends actions generated for this group's parked envs; returns how many."""
@@ -261,6 +302,8 @@ class EbrlScheduler:
     for g, ids, obs in self._parked:
       granted, start_version = self.queue.try_start(len(ids))
       self.assembler.begin(ids[:granted] + offsets[g], start_version)
+      if granted:
+        force = 0  # Room came back since the check: the envs granted now end the wait.
       if force and granted < len(ids):
         self.assembler.begin(ids[granted:granted + 1] + offsets[g], self.queue.force_start(1), forced=True)
         self.ctx.log.note_force_started(1)

@@ -18,6 +18,11 @@ deadlines u + eta, and keeps their count within (eta + 1) updates, so the check
 always passes once the segments it waits for finish. The bound then holds for
 every regular segment by construction; nothing is masked.
 
+Admission may be held below the bound (`set_admission(k)`, k <= eta: k = 0 is a
+barrier, no segment starting while an update runs): deadlines stay at s + eta,
+so a stricter admission only leaves the EDF check more room. The resource
+manager uses it to choose between overlap and a barrier (ebrl/resources/overlap.py).
+
 Force-started segments (the scheduler's deadlock breaker, `force_start`) sit
 outside this accounting: they fill a batch only when too few regular segments
 are ready, never delay one, and are the only samples the learner can still
@@ -46,6 +51,7 @@ class TrajectoryQueue:
   def __init__(self, segments_per_update: int, max_staleness: int):
     self.segments_per_update = segments_per_update
     self.max_staleness = max_staleness
+    self.admission = max_staleness  # Versions ahead a segment may start (<= max_staleness).
     self._cv = threading.Condition()
     self._regular: list[_Ready] = []  # Finished regular segments, unsorted.
     self._forced: collections.deque[_Ready] = collections.deque()  # Finished force-started ones, oldest first.
@@ -67,8 +73,16 @@ class TrajectoryQueue:
   def _capacity(self) -> int:
     """Starts that fit before their deadline: the updates from the next one to take a batch up to
     version + eta have (eta + 1) batches of room, less one while an update runs, less what is owed."""
-    updates = self.max_staleness + 1 - self._updating
+    updates = self.admission + 1 - self._updating
     return max(0, updates * self.segments_per_update - self.unconsumed)
+
+  def set_admission(self, versions: int) -> None:
+    """Admits segments up to `versions` (0..max_staleness) ahead from now on; the bound stays."""
+    if not 0 <= versions <= self.max_staleness:
+      raise ValueError(f"admission {versions} must be in [0, max_staleness={self.max_staleness}]")
+    with self._cv:
+      self.admission = versions
+      self._cv.notify_all()
 
   def try_start(self, n: int) -> tuple[int, int]:
     """Reserves up to n segment starts; returns (how many were granted, their start version)."""

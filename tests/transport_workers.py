@@ -1,0 +1,35 @@
+"""Child-process bodies for tests/test_transport.py (spawned: imported by name in the child)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ebrl.transport.param_slot import ParamSlot, SlotSpec
+from ebrl.transport.segment_ring import SegmentRing
+
+SHAPES = ((512, 256), (1000,))
+
+
+def write_versions(spec: SlotSpec, versions: int) -> None:
+  """Publishes versions 0..versions-1, every element of every leaf equal to its version."""
+  slot = ParamSlot.attach(spec)
+  for v in range(versions):
+    slot.write([np.full(s, v, np.float32) for s in SHAPES], v)
+  slot.close()
+
+
+def segment(k: int) -> dict[str, np.ndarray]:
+  return {"obs": np.full((8, 3), k, np.float32) + np.arange(3, dtype=np.float32),
+          "actions": np.full((8, 2), -k, np.float32), "done": np.arange(8) % (k + 2) == 0}
+
+
+def produce(ring: SegmentRing, count: int, then_sleep: bool) -> None:
+  """Puts segments 0..count-1 (meta: k, 2k); then exits, or sleeps until killed."""
+  for k in range(count):
+    while not ring.put(segment(k), (k, 2 * k), timeout=1.0):
+      pass
+  if then_sleep:
+    time.sleep(600)
+  ring.close()

@@ -90,6 +90,21 @@ def test_assembler_matches_sync_rollout_on_a_deterministic_env(split):
 # -- the staleness bound, driven through the real scheduler -----------------------------
 
 
+def _record_batches(q: TrajectoryQueue) -> list:
+  """Wraps q.get_batch so every batch the learner takes is recorded as (learner version, segments)."""
+  taken, get_batch = [], q.get_batch
+
+  def recording_get_batch(timeout):
+    version = q.version
+    items = get_batch(timeout)
+    if items is not None:
+      taken.append((version, items))
+    return items
+
+  q.get_batch = recording_get_batch
+  return taken
+
+
 def _ebrl_with_fake_envs(tmp_path, *, eta: int, group_envs: int, recv_batch: int, step_s, seed: int,
                          updates: int, learner_s: float = 0.0, groups: int = 2, jitter: float = 0.5):
   """A real ebrl run (EbrlScheduler, queue, assembler, sampler, learner) over FakeAsyncEnv groups.
@@ -112,17 +127,7 @@ def _ebrl_with_fake_envs(tmp_path, *, eta: int, group_envs: int, recv_batch: int
       FakeAsyncEnv(trainer.spec, group_envs, recv_batch, rng.uniform(0.2, 1.0, group_envs) * step_s,
                    seed=seed + g, jitter=jitter) for g in range(groups)])
   scheduler = make_scheduler("ebrl", trainer.run_context())
-  taken, seen = [], []
-  get_batch = scheduler.queue.get_batch
-
-  def recording_get_batch(timeout):
-    version = scheduler.queue.version
-    items = get_batch(timeout)
-    if items is not None:
-      taken.append((version, items))
-    return items
-
-  scheduler.queue.get_batch = recording_get_batch
+  taken, seen = _record_batches(scheduler.queue), []
   if learner_s:
     update = trainer.learner.update_segments
     delays = np.random.default_rng(seed + 99)
@@ -395,16 +400,7 @@ def test_fully_batched_layout_steps_every_env_together_within_the_bound(tmp_path
 
   adapter.recv = recording_recv
   scheduler = make_scheduler("ebrl", trainer.run_context())
-  taken, seen, get_batch = [], [], scheduler.queue.get_batch
-
-  def recording_get_batch(timeout):
-    version = scheduler.queue.version
-    items = get_batch(timeout)
-    if items is not None:
-      taken.append((version, items))
-    return items
-
-  scheduler.queue.get_batch = recording_get_batch
+  taken, seen = _record_batches(scheduler.queue), []
   trainer.update_hooks.append(lambda t: seen.append(dict(t._last_metrics)))  # pylint: disable=protected-access
   scheduler.run(trainer.state, cfg.total_env_steps)
   summary = trainer.finish()

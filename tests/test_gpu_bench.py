@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from launch import gpu_bench
+from launch import gpu_suite
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -32,7 +32,7 @@ def _flag_names(module: str) -> set[str]:
 
 @pytest.mark.parametrize("small,gpus", [(True, 1), (False, 1), (False, 2)])
 def test_every_part_passes_only_flags_its_launcher_defines(small, gpus):
-  parts = gpu_bench.parts(small, 2.0, gpus)
+  parts = gpu_suite.parts(small, 2.0, gpus)
   names = [p["name"] for p in parts]
   assert names[0] == "mjx_panda" and names[-1] == "sm_share"
   assert ("mjx_panda_device_split" in names) == (gpus >= 2)

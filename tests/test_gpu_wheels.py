@@ -11,7 +11,7 @@ import zipfile
 
 import pytest
 
-from launch import gpu_wheels
+from launch import wheelset
 
 DIST_INFO = "envpool-1.2.5.dist-info"
 
@@ -20,7 +20,7 @@ def _wheel(path: str, files: dict[str, bytes]) -> str:
   files = dict(files)
   files[f"{DIST_INFO}/METADATA"] = b"Metadata-Version: 2.1\nName: envpool\nVersion: 1.2.5\n"
   files[f"{DIST_INFO}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\nTag: py3-none-any\n"
-  record = "".join(gpu_wheels._record_line(n, d) + "\n" for n, d in files.items())  # pylint: disable=protected-access
+  record = "".join(wheelset._record_line(n, d) + "\n" for n, d in files.items())  # pylint: disable=protected-access
   files[f"{DIST_INFO}/RECORD"] = (record + f"{DIST_INFO}/RECORD,,\n").encode()
   with zipfile.ZipFile(path, "w") as z:
     for n, d in files.items():
@@ -40,7 +40,7 @@ def test_envpool_loses_unused_families_keeps_its_registry_and_stays_installable(
   })
   out_dir = tmp_path / "out"
   out_dir.mkdir()
-  path, kept, dropped = gpu_wheels.slim(src, str(out_dir))
+  path, kept, dropped = wheelset.slim(src, str(out_dir))
   assert os.path.basename(path) == os.path.basename(src) and dropped == 1
   with zipfile.ZipFile(path) as z:
     names = set(z.namelist())
@@ -75,7 +75,7 @@ def test_asset_packages_keep_only_the_model_files_runs_open(tmp_path):
   src = _wheel(str(tmp_path / "envpool_assets-0.3.0-py3-none-any.whl"), files)
   out_dir = tmp_path / "out"
   out_dir.mkdir()
-  path, _, dropped = gpu_wheels.slim(src, str(out_dir))
+  path, _, dropped = wheelset.slim(src, str(out_dir))
   with zipfile.ZipFile(path) as z:
     kept = {n for n in z.namelist() if ".dist-info/" not in n}
   assert kept == {"envpool_assets/__init__.py", "envpool_assets/mujoco/metaworld/assets/a.xml",
@@ -83,10 +83,10 @@ def test_asset_packages_keep_only_the_model_files_runs_open(tmp_path):
 
 
 def test_every_wheel_has_a_pin_and_the_set_is_named_once():
-  versions = gpu_wheels.pins()
-  assert set(versions) == set(gpu_wheels.WHEELS)
+  versions = wheelset.pins()
+  assert set(versions) == set(wheelset.WHEELS)
   assert versions["envpool"] == "1.2.5" and versions["mujoco"] == versions["mujoco-mjx"]
-  assert set(gpu_wheels.ASSET_KEEP) <= set(gpu_wheels.WHEELS)
+  assert set(wheelset.ASSET_KEEP) <= set(wheelset.WHEELS)
 
 
 @pytest.mark.parametrize("args,message", [

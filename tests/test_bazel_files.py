@@ -77,3 +77,12 @@ def test_workspace_fetches_the_pinned_rules_python_and_overrides_nothing():
 def test_deps_follow_imports(module, expected, expected_pip):
   labels, pip = bazel_targets.Graph().deps(module)
   assert expected <= labels and expected_pip <= pip, (labels, pip)
+
+
+def test_the_sources_filegroup_names_every_package():
+  """//:sources is what test_docs and test_import_graph read under Bazel: a package missing from it
+  is invisible there (its modules look unmapped, its paths absent)."""
+  text = open(os.path.join(ROOT, "BUILD")).read()
+  listed = set(re.findall(r'"//([a-z_/]+):srcs"', text))
+  packages = {os.path.dirname(p) for p in bazel_targets.build_files()} - set(bazel_targets.SCRIPT_DIRS)
+  assert packages - listed == set(), "add them to //:sources in BUILD"

@@ -12,11 +12,13 @@ from ebrl.transport.segment_ring import SegmentRing
 SHAPES = ((512, 256), (1000,))
 
 
-def write_versions(spec: SlotSpec, versions: int) -> None:
-  """Publishes versions 0..versions-1, every element of every leaf equal to its version."""
+def write_versions(spec: SlotSpec, stop) -> None:
+  """Publishes versions 0, 1, ... until `stop` is set, every element of every leaf equal to its version."""
   slot = ParamSlot.attach(spec)
-  for v in range(versions):
+  v = 0
+  while not stop.is_set():
     slot.write([np.full(s, v, np.float32) for s in SHAPES], v)
+    v += 1
   slot.close()
 
 

@@ -98,9 +98,8 @@ class ResourceManager:
     # in one group of recv 30: 57 segments force-started, 0.39x sync).
     self.overlap = None
     self.admission_listeners: list[Callable[[int], None]] = []  # Told each admission (the queue).
-    lockstep = self.plan.num_groups == 1 and self.plan.recv_batch >= cfg.num_envs
     if (cfg.resources == "auto" and cfg.quotas.overlap_probe_s > 0 and cfg.ebrl.max_staleness >= 1
-        and lockstep):
+        and planner.fully_batched(self.profile, self.plan.num_groups, self.plan.recv_batch)):
       self.overlap = OverlapProbe(cfg.ebrl.max_staleness, window_s=cfg.quotas.overlap_probe_s,
                                   settle_s=cfg.quotas.overlap_probe_s / 4)
     self._t0 = time.time()

@@ -199,17 +199,13 @@ class EbrlScheduler:
     return np.concatenate([i for i, _ in items]), np.concatenate([a for _, a in items])
 
   def _send_late(self, g: int, block: bool) -> int:
-    """Sends actions generated for this group's parked envs; returns how many."""
-    sent = 0
-    while True:
-      try:
-        item = self._late[g].get(timeout=POLL_S) if block and not sent else self._late[g].get_nowait()
-      except queue.Empty:
-        return sent
-      ids, env_actions = item
-      with self.ctx.clock.stage("sim", lane=f"group{g}"):
-        self.groups[g].send(env_actions, ids)
-      sent += len(ids)
+    """Sends actions generated for this group's parked envs (one send); returns how many."""
+    late = self._take_late(g, block)
+    if late is None:
+      return 0
+    with self.ctx.clock.stage("sim", lane=f"group{g}"):
+      self.groups[g].send(late[1], late[0])
+    return len(late[0])
 
   def _wait(self, q: queue.Queue):
     while not self._stop.is_set():

@@ -150,8 +150,8 @@ def evaluate(checkpoint: str, env: str | None = None, *, episodes: int = 32, see
 def bench(config: ml_collections.ConfigDict | Mapping | None = None, *, overrides: Mapping[str, Any] | None = None,
           env: str = "MetaWorld/Reach-v3", policy: str = "mlp", schedulers: Sequence[str] = ("random", "sync"),
           seconds: float = 30.0, warmup_updates: int = 3, num_envs: int | None = None,
-          resources: Sequence[str] = (), straggler_fraction: float = 0.0, straggler_slowdown: float = 1.0,
-          out: str | None = None, timeline: str | None = None, workdir: str | None = None,
+          resources: Sequence[str] = (), placements: Sequence[str] = (), straggler_fraction: float = 0.0,
+          straggler_slowdown: float = 1.0, out: str | None = None, timeline: str | None = None, workdir: str | None = None,
           log: Callable[[str], None] = print) -> dict:
   """Runs each of `schedulers` in turn on the same envs and cores for `seconds` after `warmup_updates`
   untimed updates, and returns what `python -m launch.bench` writes to bench.json: per-scheduler
@@ -163,7 +163,7 @@ def bench(config: ml_collections.ConfigDict | Mapping | None = None, *, override
 
   spec = BenchSpec(env=env, policy=policy, schedulers=tuple(schedulers), seconds=seconds,
                    warmup_updates=warmup_updates, num_envs=num_envs, resources=tuple(resources),
-                   straggler_fraction=straggler_fraction, straggler_slowdown=straggler_slowdown, out=out,
+                   placements=tuple(placements), straggler_fraction=straggler_fraction, straggler_slowdown=straggler_slowdown, out=out,
                    timeline=timeline, workdir=workdir)
   spec.check()
   cfg = make_config(config, overrides)

@@ -54,6 +54,7 @@ class BenchSpec:
   warmup_updates: int = 3
   num_envs: int | None = None
   resources: Sequence[str] = ()  # Resource modes of the ebrl scheduler, each its own entry 'ebrl+<mode>'.
+  placements: Sequence[str] = ()  # Placements of the ebrl learner, each its own entry 'ebrl[+<mode>]@<placement>'.
   straggler_fraction: float = 0.0
   straggler_slowdown: float = 1.0
   out: str | None = None  # bench.json; None: not written.
@@ -68,8 +69,9 @@ class BenchSpec:
 
   def entries(self) -> list[str]:
     """Run order: each scheduler once; ebrl once per resource mode when modes are given."""
-    return [e for name in self.schedulers
-            for e in ([f"ebrl+{m}" for m in self.resources] if name == "ebrl" and self.resources else [name])]
+    ebrl = [f"ebrl+{m}" for m in self.resources] or ["ebrl"]
+    ebrl = [f"{e}@{p}" for e in ebrl for p in self.placements] or ebrl
+    return [e for name in self.schedulers for e in (ebrl if name == "ebrl" else [name])]
 
   def check(self) -> None:
     """A window that never opens (warmup_updates < 1) or never closes (seconds nan or inf) would run
@@ -93,12 +95,18 @@ class BenchSpec:
     for mode in self.resources:
       if mode not in validation.RESOURCE_MODES:
         raise UserError(f"unknown resources mode '{mode}'; valid: {', '.join(validation.RESOURCE_MODES)}")
-    for what, values in (("schedulers", list(self.schedulers)), ("resources", list(self.resources))):
+    for placement in self.placements:
+      if placement not in validation.PLACEMENTS:
+        raise UserError(f"unknown placement '{placement}'; valid: {', '.join(validation.PLACEMENTS)}")
+    for what, values in (("schedulers", list(self.schedulers)), ("resources", list(self.resources)),
+                         ("placements", list(self.placements))):
       twice = sorted({v for v in values if values.count(v) > 1})
       if twice:
         raise UserError(f"{what} names {', '.join(twice)} more than once; each runs once")
     if self.resources and "ebrl" not in self.schedulers:
       raise UserError("resources runs the ebrl scheduler under each mode; add ebrl to schedulers")
+    if self.placements and "ebrl" not in self.schedulers:
+      raise UserError("placements runs the ebrl scheduler under each placement; add ebrl to schedulers")
 
   def check_outputs(self) -> None:
     """Results are written after every run; a path that cannot take them must fail first. A kept run
@@ -126,8 +134,22 @@ class BenchSpec:
     return base
 
 
+def _ratio_pairs(entries) -> list[tuple[str, str]]:
+  """The fixed pairs that ran, then every placement entry against sync, and two placements of one
+  resource mode against each other."""
+  pairs = [(a, b) for a, b in _RATIO_PAIRS if a in entries and b in entries]
+  placed = [e for e in entries if "@" in e]
+  pairs += [(e, "sync") for e in placed if "sync" in entries]
+  pairs += [(a, b) for i, a in enumerate(placed) for b in placed[i + 1:]
+            if a.partition("@")[0] == b.partition("@")[0]]
+  return [(a, b) if not (a.endswith("@threads") and b.endswith("@processes")) else (b, a) for a, b in pairs]
+
+
 def _ratio_name(a: str, b: str) -> str:
-  """"ebrl_over_sync"; two resource modes of ebrl compare by mode alone: "auto_over_naive"."""
+  """"ebrl_over_sync"; two resource modes of ebrl compare by mode alone: "auto_over_naive"; two
+  placements of one mode by placement: "processes_over_threads"."""
+  if "@" in a and "@" in b and a.partition("@")[0] == b.partition("@")[0]:
+    return f"{a.partition('@')[2]}_over_{b.partition('@')[2]}"
   if a.startswith("ebrl+") and b.startswith("ebrl+"):
     a, b = a[len("ebrl+"):], b[len("ebrl+"):]
   return f"{a}_over_{b}"
@@ -162,17 +184,33 @@ class _Window:
 
 
 def _mark(trainer) -> tuple:
-  """(wall, env steps, stage clock, process CPU seconds) at this moment."""
+  """(wall, env steps, stage clock, CPU seconds of the run's processes) at this moment."""
   cpu = os.times()
-  return (time.perf_counter(), trainer.env_steps, trainer.clock.snapshot(), cpu.user + cpu.system)
+  child = getattr(trainer.learner, "pid", None)  # A learner process (placement=processes).
+  return (time.perf_counter(), trainer.env_steps, trainer.clock.snapshot(),
+          cpu.user + cpu.system + (_cpu_seconds(child) if child else 0.0))
+
+
+def _cpu_seconds(pid: int) -> float:
+  """User + system CPU seconds of a live process (/proc/<pid>/stat)."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      fields = f.read().rsplit(")", 1)[1].split()
+  except OSError:
+    return 0.0
+  return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def entry_config(entry: str, base_cfg):
-  """'ebrl+naive' -> the ebrl scheduler under resources=naive; a plain name -> that scheduler."""
+  """'ebrl+naive' -> the ebrl scheduler under resources=naive; 'ebrl+auto@processes' also with
+  placement=processes; a plain name -> that scheduler."""
   cfg = base_cfg.copy_and_resolve_references()
+  entry, _, placement = entry.partition("@")
   cfg.scheduler, _, mode = entry.partition("+")
   if mode:
     cfg.resources = mode
+  if placement:
+    cfg.placement = placement
   return cfg
 
 
@@ -197,7 +235,7 @@ def run_one(name: str, base_cfg, workdir: str, warmup_updates: int, seconds: flo
     result["rollout_env_steps_per_s"] = result["e2e_env_steps_per_s"]
   if trainer.resources is not None:
     plan = trainer.resources.plan
-    result["resources"] = {"mode": plan.mode, "plan": plan.to_dict(),
+    result["resources"] = {"mode": plan.mode, "plan": plan.to_dict(), "placement": trainer.stage_placement,
                            "predicted_env_steps_per_s": plan.predicted_env_steps_per_s,
                            "replans": trainer.resources.controller.replans if trainer.resources.controller else 0,
                            "bound": trainer.resources.bound,
@@ -213,7 +251,7 @@ def run_one(name: str, base_cfg, workdir: str, warmup_updates: int, seconds: flo
 def _report(spec: BenchSpec, results: dict, base, machine: dict) -> dict:
   """bench.json: the results, the ratios between schedulers and the share of the bound each reached."""
   ratios = {_ratio_name(a, b): results[a]["e2e_env_steps_per_s"] / results[b]["e2e_env_steps_per_s"]
-            for a, b in _RATIO_PAIRS if a in results and b in results}
+            for a, b in _ratio_pairs(list(results))}
   bound = next((r["resources"]["bound"] for r in results.values() if r.get("resources", {}).get("bound")), None)
   out_bound = None
   if bound:

@@ -102,6 +102,10 @@ def get_config() -> ml_collections.ConfigDict:
   # 0, a device simulator on all), "auto", a count ("2"), or indices ("0,1"; stages may share).
   c.devices = ml_collections.ConfigDict(dict(gen="", train="", sim=""))
   c.resources = "off"
+  # Where the ebrl learner runs (host envs): "threads" (beside generation, one process),
+  # "processes" (a spawned learner process: segments and params through shared memory; on a GPU
+  # each process can hold an MPS SM share), "auto" = the plan's choice (threads without a plan).
+  c.placement = "auto"
   c.quotas = ml_collections.ConfigDict(dict(
       profile="",  # profile.json to plan from (launch.profile); "" = measured at start, cached.
       control_interval_s=5.0,  # resources=auto: controller window; 0 = no runtime feedback.

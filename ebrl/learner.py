@@ -152,15 +152,21 @@ class Learner:
     self.cfg = cfg
     self.mesh = mesh or make_mesh()
     self._optimizer = make_optimizer(cfg)
-    self._replicated = NamedSharding(self.mesh, P())
+    self.replicated = NamedSharding(self.mesh, P())  # Where a train state lives.
     self._update: Callable = jax.jit(self._update_fn, donate_argnums=(0,))
     self._update_segments: Callable = jax.jit(self._segments_fn, donate_argnums=(0,))
 
   def init(self, key: jax.Array) -> TrainState:
     # One compiled call: run eagerly, Flax's initialisers (orthogonal: a QR per layer) dispatch
     # dozens of op-by-op compiles, about 2 s of every launch's start-up on a CPU.
-    init = jax.jit(functools.partial(init_train_state, self.policy, self.cfg), out_shardings=self._replicated)
+    init = jax.jit(functools.partial(init_train_state, self.policy, self.cfg), out_shardings=self.replicated)
     return init(key)
+
+  def check_alive(self) -> None:
+    """In this process the learner cannot die apart from the run (ebrl/learner_process.py's can)."""
+
+  def close(self) -> None:
+    """Nothing to release in this process (a learner process is stopped here)."""
 
   def place(self, rollout: Rollout) -> Rollout:
     return jax.device_put(rollout, rollout_sharding(self.mesh, rollout))

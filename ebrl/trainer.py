@@ -29,6 +29,7 @@ from ebrl.checkpointing import Checkpointer
 from ebrl.errors import UserError
 from ebrl.layout import RunLayout
 from ebrl.learner import Learner, LearnerConfig, make_mesh
+from ebrl.learner_process import LearnerProcessSpec, RemoteLearner
 from ebrl.param_store import ParamStore, with_value_stats
 from ebrl.sampler import Sampler
 from ebrl.scheduler import make_scheduler
@@ -171,6 +172,32 @@ class Trainer:
     # tqdm.auto: a widget in a notebook, the text bar in a terminal.
     self.bar = tqdm.auto.tqdm(total=cfg.total_env_steps, initial=self.env_steps, unit="step", unit_scale=True,
                          mininterval=1.0, dynamic_ncols=True, disable=not progress)
+    self.stage_placement = self._stage_placement(cfg)
+    if self.stage_placement == "processes":  # Last: nothing after it can fail and leave the child.
+      self.learner = self._learner_process(cfg, progress)
+
+  def _stage_placement(self, cfg) -> str:
+    """threads or processes: the config's, or with placement=auto the plan's (threads without one)."""
+    if cfg.placement != "auto":
+      return cfg.placement
+    return self.resources.plan.placement if self.resources is not None else "threads"
+
+  def _learner_process(self, cfg, progress: bool) -> RemoteLearner:
+    """The learner in a spawned process on the plan's train cores (ebrl/learner_process.py)."""
+    cores = tuple(self.resources.plan.cpu_sets["train"]) if self.resources is not None else ()
+    spec = LearnerProcessSpec(policy_name=cfg.policy.name, policy_cfg=cfg.policy, env_spec=self.spec,
+                              learner_cfg=self.learner.cfg, rollout_length=self.layout.rollout_length,
+                              segments_per_update=self.layout.segments_per_update, action_size=self.action_size,
+                              train_devices=tuple(self.placement.train), cores=cores)
+    remote = RemoteLearner(self.learner, spec)
+    if self.resources is not None:
+      self.resources.listeners.append(lambda plan: remote.set_cores(plan.cpu_sets["train"]))
+    say = tqdm.tqdm.write if progress else (lambda m: None)
+    gpu = any(d.platform == "gpu" for d in jax.local_devices())
+    say(f"[placement] learner in process {remote.pid}" + (f" on cores {cores}" if cores else "") + "; "
+        + ("its SM share: none set, so it time-shares the GPU with generation" if gpu
+           else "no GPU here, so no SM shares: the processes time-share the CPU cores"))
+    return remote
 
   @staticmethod
   def _local_devices(indices: tuple[int, ...]) -> list:
@@ -444,6 +471,7 @@ class Trainer:
     self.checkpointer.close()
     self.writer.close()
     self.envs.close()
+    self.learner.close()
 
   def finish(self) -> dict:
     """Final checkpoint, summary.json and plots, once; returns the summary (again on a second call).

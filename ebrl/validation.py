@@ -19,6 +19,7 @@ ALGORITHMS = ("ppo", "grpo")
 LR_SCHEDULES = ("constant", "linear")
 CORRECTIONS = ("decoupled_ppo", "vtrace")
 RESOURCE_MODES = ("off", "auto", "naive", "manual")
+PLACEMENTS = ("auto", "threads", "processes")
 REWARD_TYPES = ("chunk", "action")  # sim_adapters/chunks.py
 VLA_DECODES = ("parallel", "autoregressive")
 # EnvPool takes int32 seeds, and env groups (seed + 7919 g), MT10's task pools (seed + 1000 k) and
@@ -135,6 +136,7 @@ def validate(cfg, num_devices: int) -> None:
   _check_run(cfg)
   _check_env(cfg)
   _check_resources(cfg, device)
+  _check_placement(cfg, device)
   _check_render_stage(cfg)
   _check_policy(cfg)
   _check_grpo_and_warm_start(cfg, device)
@@ -236,6 +238,14 @@ def _check_chunks(cfg, device: bool) -> None:
   if k > 1 and device:
     raise UserError(f"policy.chunk_size={k} runs chunks in host simulators; device env '{cfg.env.name}' "
                     "steps one action per call (use chunk_size=1)")
+
+
+def _check_placement(cfg, device: bool) -> None:
+  if cfg.placement not in PLACEMENTS:
+    raise UserError(f"unknown placement '{cfg.placement}'; valid: {', '.join(PLACEMENTS)}")
+  if cfg.placement == "processes" and (cfg.scheduler != "ebrl" or device):
+    raise UserError(f"placement=processes runs the learner of scheduler=ebrl on host envs in a process of its "
+                    f"own; scheduler={cfg.scheduler} on '{cfg.env.name}' runs in one process (use placement=threads)")
 
 
 def _check_resources(cfg, device: bool) -> None:

@@ -26,6 +26,9 @@ _STRAGGLER_SLOWDOWN = flags.DEFINE_float("straggler_slowdown", 1.0, "How many ti
 _RESOURCES = flags.DEFINE_list(
     "resources", [], "Resource modes to run the ebrl scheduler under, each as its own entry "
     "'ebrl+<mode>' (e.g. naive,auto); empty = the config's resources only.")
+_PLACEMENTS = flags.DEFINE_list(
+    "placements", [], "Placements of the ebrl learner (threads, processes, auto), each as its own entry "
+    "'ebrl[+<mode>]@<placement>'; empty = the config's placement only.")
 _TIMELINE = flags.DEFINE_string("timeline", None, "PNG with every scheduler's stage timeline (default: beside --out).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Keep each scheduler's run outputs (summary.json, metrics.jsonl, "
                                "trace.json) in <workdir>/<scheduler> (default: a temporary directory, removed).")
@@ -39,6 +42,7 @@ def main(argv: list[str]) -> None:
 
   spec = BenchSpec(env=_ENV.value, policy=_POLICY.value, schedulers=tuple(_SCHEDULERS.value), seconds=_SECONDS.value,
                    warmup_updates=_WARMUP.value, num_envs=_NUM_ENVS.value, resources=tuple(_RESOURCES.value),
+                   placements=tuple(_PLACEMENTS.value),
                    straggler_fraction=_STRAGGLER_FRACTION.value, straggler_slowdown=_STRAGGLER_SLOWDOWN.value,
                    out=_OUT.value, timeline=_TIMELINE.value, workdir=_WORKDIR.value)
   spec.check()  # Before the config file's values are read.

@@ -164,3 +164,19 @@ def test_bench_resource_modes_report_ratio_prediction_and_bound(tmp_path):
     assert bound["fraction"][name] == pytest.approx(r["e2e_env_steps_per_s"] / bound["env_steps_per_s"])
     assert r["resources"]["predicted_env_steps_per_s"] > 0
   assert "auto_over_naive" in run.stdout and "work-conserving bound" in run.stdout
+
+
+def test_bench_placements_compare_a_learner_process_with_learner_threads(tmp_path):
+  """Each placement is its own entry; the learner process's CPU is counted in the entry's figures."""
+  run = BenchRun(tmp_path, "--env=MetaWorld/Reach-v3", "--schedulers=sync,ebrl", "--placements=threads,processes",
+                 "--config.ebrl.max_staleness=1")
+  data = run.data
+  assert list(data["results"]) == ["sync", "ebrl@threads", "ebrl@processes"]
+  for name in data["results"]:
+    check_result_contract(run, name)
+  res = data["results"]
+  assert data["ratios"]["processes_over_threads"] == pytest.approx(
+      res["ebrl@processes"]["e2e_env_steps_per_s"] / res["ebrl@threads"]["e2e_env_steps_per_s"])
+  assert data["ratios"]["ebrl@processes_over_sync"] == pytest.approx(
+      res["ebrl@processes"]["e2e_env_steps_per_s"] / res["sync"]["e2e_env_steps_per_s"])
+  assert "processes_over_threads" in run.stdout

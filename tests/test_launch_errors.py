@@ -24,6 +24,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UNWRITABLE = "/proc/ebrl-nope"  # No directory can be made under /proc, not even by root.
 
 BENCH = {
+    "unknown_placement": (["--schedulers=sync,ebrl", "--placements=threads,gpu"],
+                          "unknown placement 'gpu'; valid: auto, threads, processes"),
+    "placements_without_ebrl": (["--placements=processes"], "placements runs the ebrl scheduler under each placement"),
     "no_warmup": (["--warmup_updates=0"], "warmup_updates=0 must be an integer >= 1"),
     "negative_warmup": (["--warmup_updates=-2"], "warmup_updates=-2 must be an integer >= 1"),
     "nan_seconds": (["--seconds=nan"], "seconds=nan must be a finite number > 0"),

@@ -255,3 +255,41 @@ def test_version_1_profiles_lose_their_render_difference():
   d = synthetic().to_dict()
   d["render"] = {"cpu_us_per_step": 8000.0}
   assert Profile.from_dict(d).render is None
+
+
+def _with_placement(p: Profile, threads_us: float, processes_us: float) -> Profile:
+  p.placement = {"batch": 64, "alone_us": 100.0, "threads_us": threads_us, "processes_us": processes_us}
+  return p
+
+
+def test_placement_is_a_candidate_only_where_the_profile_measured_it():
+  p = synthetic(gen_call=3000.0, gen_row=0.0)
+  assert planner.placements(p) == ("threads",)
+  assert planner.plan_auto(p, (0, 1, 2, 3), SHAPE).placement == "threads"
+  assert planner.placements(_with_placement(p, 150.0, 100.0)) == ("threads", "processes")
+
+
+def test_a_learner_process_wins_where_the_shared_interpreter_slows_generation():
+  # Generation-bound (3 ms calls): a learner in this process makes them 1.5x slower (as measured
+  # beside updates), a learner process does not, so the process is worth its copies.
+  p = _with_placement(synthetic(gen_call=3000.0, gen_row=0.0, train_us=0.0), 150.0, 100.0)
+  plan = planner.plan_auto(p, (0, 1, 2, 3), SHAPE)
+  threads = planner.plan_auto(p, (0, 1, 2, 3), SHAPE, placement="threads")
+  assert plan.placement == "processes"
+  assert plan.stage_cost_us["gen"] == pytest.approx(threads.stage_cost_us["gen"] / 1.5, rel=1e-6)
+  assert plan.predicted_env_steps_per_s > 1.2 * threads.predicted_env_steps_per_s
+  # The same run measured without a difference: threads (the tie goes to one process).
+  same = _with_placement(synthetic(gen_call=3000.0, gen_row=0.0, train_us=0.0), 100.0, 100.0)
+  assert planner.plan_auto(same, (0, 1, 2, 3), SHAPE).placement == "threads"
+  # A re-plan keeps the placement of the learner that exists.
+  assert planner.plan_auto(p, (0, 1, 2, 3), SHAPE, fixed=(plan.num_groups, plan.recv_batch),
+                           placement="threads").placement == "threads"
+
+
+def test_host_slowdown_never_credits_threads_and_is_one_without_a_measurement():
+  p = synthetic()
+  assert p.host_slowdown("threads") == p.host_slowdown("processes") == 1.0
+  _with_placement(p, 90.0, 100.0)  # Noise in the other direction: no speed-up from sharing.
+  assert p.host_slowdown("threads") == 1.0
+  _with_placement(p, 130.0, 100.0)
+  assert p.host_slowdown("threads") == pytest.approx(1.3) and p.host_slowdown("processes") == 1.0

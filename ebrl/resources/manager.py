@@ -75,14 +75,15 @@ class ResourceManager:
       self.profile = profiler.load(cfg.quotas.profile)
     elif cfg.resources == "auto":
       self.profile = profiler.load_or_measure(cfg, self.inventory, log=log)
+    chosen = None if cfg.get("placement", "auto") == "auto" else cfg.placement  # The user's, else the plan's.
     if cfg.resources == "auto":
-      plan = planner.plan_auto(self.profile, cores, self.shape, notes)
+      plan = planner.plan_auto(self.profile, cores, self.shape, notes, placement=chosen)
     elif cfg.resources == "naive":
       plan = planner.plan_naive(self.shape, cores, groups, recv, self.profile)
     else:
       plan = planner.plan_manual(self.shape, manual_layout(cfg, cores), groups, recv, cfg.quotas.sim_threads,
                                  self.profile)
-    self.plan = plan.replace(notes=notes)
+    self.plan = plan.replace(notes=notes, placement=chosen or plan.placement)
     self.bound = (planner.work_conserving_bound(self.profile, cores, self.shape)
                   if self.profile is not None else None)
     self.enforcer = Enforcer(self.plan)
@@ -114,7 +115,8 @@ class ResourceManager:
     p = self.plan
     quotas = ", ".join(f"{s} {format_cores(p.cpu_sets[s])}" for s in STAGES if s in p.cpu_sets and s != "assemble")
     lines = [f"[resources] {p.mode}: {quotas}; {p.num_groups} group(s), recv {p.recv_batch}, "
-             f"gen batch {p.max_gen_batch}, {p.sim_threads} EnvPool thread(s)/pool"]
+             f"gen batch {p.max_gen_batch}, {p.sim_threads} EnvPool thread(s)/pool, learner in "
+             f"{'a process of its own' if p.placement == 'processes' else 'this process'}"]
     if math.isfinite(p.predicted_env_steps_per_s):
       lines.append(f"[resources] predicted {p.predicted_env_steps_per_s:,.0f} env steps/s, "
                    f"bottleneck {p.bottleneck}")
@@ -196,11 +198,12 @@ class ResourceManager:
     # The bound stays a bound of the stage costs alone.
     planning = self.profile
     if CPU in measured:
-      modelled = sum(planner.stage_costs(self.profile, self.plan.num_groups, self.plan.recv_batch).values())
+      modelled = sum(planner.stage_costs(self.profile, self.plan.num_groups, self.plan.recv_batch,
+                                         self.plan.placement).values())
       if measured[CPU] > modelled:
         planning = self.profile.with_extra("assemble", measured[CPU] - modelled)
     plan = planner.plan_auto(planning, self.inventory.cpu_cores, self.shape, self.plan.notes,
-                             fixed=(self.plan.num_groups, self.plan.recv_batch))
+                             fixed=(self.plan.num_groups, self.plan.recv_batch), placement=self.plan.placement)
     self.bound = planner.work_conserving_bound(self.profile, self.inventory.cpu_cores, self.shape)
     return plan
 

@@ -47,6 +47,7 @@ class Plan:
   predicted_env_steps_per_s: float  # The bottleneck stage's rate.
   bottleneck: str
   gpu: GpuSplit | None = None
+  placement: str = "threads"  # The learner beside generation ("threads") or in its own process.
   notes: tuple[str, ...] = ()
 
   def to_dict(self) -> dict[str, Any]:

@@ -70,33 +70,38 @@ def fully_batched(profile: Profile, groups: int, recv_batch: int) -> bool:
   return groups == 1 and recv_batch >= profile.shape["num_envs"]
 
 
-def stage_costs(profile: Profile, groups: int, recv_batch: int) -> dict[str, float]:
+def stage_costs(profile: Profile, groups: int, recv_batch: int, placement: str = "threads") -> dict[str, float]:
   """CPU µs per env step of every stage when groups deliver recv_batch rows per recv and the
-  sampler merges one recv of each group per generation call."""
+  sampler merges one recv of each group per generation call; with the learner in this process
+  (threads) the rollout's host work pays what the profile measured of sharing the interpreter
+  with it, in a learner process each update pays the copies of its batch and state instead."""
   gen_batch = recv_batch * groups
   sim = profile.sim_sync_cpu_us() if fully_batched(profile, groups, recv_batch) else profile.sim_cpu_us(recv_batch)
+  host = profile.host_slowdown(placement)
   costs = {"sim": sim,
-           "gen": profile.gen_cpu_us(gen_batch) / gen_batch,
+           "gen": host * profile.gen_cpu_us(gen_batch) / gen_batch,
            "train": profile.train_cpu_us_per_step(),
-           "assemble": profile.assemble_cpu_us(gen_batch) / gen_batch}
+           "assemble": host * profile.assemble_cpu_us(gen_batch) / gen_batch}
   if profile.render:  # Every recv's envs are drawn in one call.
     costs["render"] = profile.render_cpu_us(recv_batch) / recv_batch
   return costs
 
 
 def stage_caps(profile: Profile, cpu_sets: dict[str, tuple[int, ...]], sim_threads: int, pools: int,
-               gen_batch: int, recv_batch: int) -> dict[str, float]:
-  """Each stage's rate limit from its own parallelism, whatever the other stages do."""
+               gen_batch: int, recv_batch: int, placement: str = "threads") -> dict[str, float]:
+  """Each stage's rate limit from its own parallelism, whatever the other stages do (a generation
+  call as long as the profile measured it beside the learner's updates with this placement)."""
   workers = min(sim_threads * pools, len(cpu_sets["sim"]))
+  gen_wall = profile.host_slowdown(placement) * profile.gen_wall_us(gen_batch)
   caps = {"sim": profile.sim_rate(workers),
-          "gen": gen_batch * 1e6 / max(profile.gen_wall_us(gen_batch), 1e-9),
+          "gen": gen_batch * 1e6 / max(gen_wall, 1e-9),
           "train": profile.train_rate(),
           "assemble": math.inf}
   if profile.render:  # One draw at a time, whichever group it serves.
     caps["render"] = recv_batch * 1e6 / max(profile.render_wall_us(recv_batch), 1e-9)
   if fully_batched(profile, gen_batch // max(recv_batch, 1), recv_batch):
     # Simulation and generation take turns: each step costs both stages' wall time.
-    caps["sim"] = 1e6 / (1e6 / max(caps["sim"], 1e-9) + profile.gen_wall_us(gen_batch) / gen_batch)
+    caps["sim"] = 1e6 / (1e6 / max(caps["sim"], 1e-9) + gen_wall / gen_batch)
   return caps
 
 
@@ -189,13 +194,13 @@ def _render_placed(layout: dict, render: bool) -> dict:
 
 
 def _make(mode: str, profile: Profile, shape: RunShape, layout: dict, groups: int, recv: int,
-          notes: tuple[str, ...] = (), threads: int = 0) -> Plan:
+          notes: tuple[str, ...] = (), threads: int = 0, placement: str = "threads") -> Plan:
   layout = _render_placed(layout, bool(profile.render) or shape.render_stage)
   auto_threads, pools = _sim_threads(layout, groups, shape)
   threads = threads or auto_threads
   gen_batch = recv * groups
-  costs = stage_costs(profile, groups, recv)
-  caps = stage_caps(profile, layout, threads, pools, gen_batch, recv)
+  costs = stage_costs(profile, groups, recv, placement)
+  caps = stage_caps(profile, layout, threads, pools, gen_batch, recv, placement)
   rates, e2e, bottleneck = predict(costs, layout, caps)
   sim = layout["sim"]
   contiguous = list(sim) == list(range(sim[0], sim[0] + len(sim)))
@@ -205,22 +210,31 @@ def _make(mode: str, profile: Profile, shape: RunShape, layout: dict, groups: in
   return Plan(mode=mode, cpu_sets={k: tuple(v) for k, v in layout.items()}, sim_threads=threads,
               thread_affinity_offset=offset, num_groups=groups, recv_batch=recv, max_gen_batch=gen_batch,
               max_wait_ms=shape.max_wait_ms, num_minibatches=shape.num_minibatches, stage_cost_us=costs,
-              predicted_rates=rates, predicted_env_steps_per_s=e2e, bottleneck=bottleneck, notes=notes)
+              predicted_rates=rates, predicted_env_steps_per_s=e2e, bottleneck=bottleneck, notes=notes,
+              placement=placement)
+
+
+def placements(profile: Profile) -> tuple[str, ...]:
+  """The learner placements a profile can predict: a learner process only where it was measured."""
+  return ("threads", "processes") if profile.placement else ("threads",)
 
 
 def plan_auto(profile: Profile, cores: tuple[int, ...], shape: RunShape, notes: tuple[str, ...] = (),
-              fixed: tuple[int, int] | None = None) -> Plan:
-  """The plan with the highest predicted rate (ties: fewer groups, bigger batches, shared pool).
+              fixed: tuple[int, int] | None = None, placement: str | None = None) -> Plan:
+  """The plan with the highest predicted rate (ties: fewer groups, bigger batches, shared pool,
+  the learner in this process).
 
-  `fixed` = (groups, recv_batch) keeps what a running run cannot change (its simulators exist).
+  `fixed` = (groups, recv_batch) and `placement` keep what a running run cannot change (its
+  simulators and its learner exist).
   """
   best, best_key = None, None
-  for groups, recv in ([fixed] if fixed else _batch_choices(shape, cores)):
-    for order, (_, layout) in enumerate(_layouts(cores, render=bool(profile.render))):
-      plan = _make("auto", profile, shape, layout, groups, recv, notes)
-      key = (round(plan.predicted_env_steps_per_s, 6), -groups, recv, -order)
-      if best_key is None or key > best_key:
-        best, best_key = plan, key
+  for where in ((placement,) if placement else placements(profile)):
+    for groups, recv in ([fixed] if fixed else _batch_choices(shape, cores)):
+      for order, (_, layout) in enumerate(_layouts(cores, render=bool(profile.render))):
+        plan = _make("auto", profile, shape, layout, groups, recv, notes, placement=where)
+        key = (round(plan.predicted_env_steps_per_s, 6), -groups, recv, -order, where == "threads")
+        if best_key is None or key > best_key:
+          best, best_key = plan, key
   if best is None:
     raise ValueError(f"no feasible plan for {shape.num_envs} envs")
   return best

@@ -31,7 +31,7 @@ from ebrl.resources.inventory import Inventory
 _WARMUP_S = 0.2
 
 
-PROFILE_VERSION = 2  # Bumped when what a profile measures changes: older cached files are measured again.
+PROFILE_VERSION = 3  # Bumped when what a profile measures changes: older cached files are measured again.
 
 
 def run_shape(cfg) -> dict[str, Any]:
@@ -66,6 +66,10 @@ class Profile:
   train: list[dict[str, float]]
   assemble: list[dict[str, float]]
   render: list[dict[str, float]] | None = None
+  # The rollout's host work (a generation call at the full batch) while updates
+  # run back to back beside it: {batch, alone_us, threads_us, processes_us} wall µs per call, the
+  # updates in a thread of this process or in a learner process. None: not measured.
+  placement: dict[str, float] | None = None
   measured_s: float = 0.0
 
   # -- what the planner reads --------------------------------------------------
@@ -142,6 +146,15 @@ class Profile:
 
   def render_wall_us(self, batch: int) -> float:
     return self._render(batch, "wall_us")
+
+  def host_slowdown(self, placement: str) -> float:
+    """How much longer the rollout's host work takes with the learner placed so, relative to a
+    learner process (1 for processes; both measured beside the same updates on the same cores,
+    so what differs is sharing one interpreter, not cores). 1 when not measured."""
+    p = self.placement
+    if not p or placement == "processes":
+      return 1.0
+    return max(1.0, p["threads_us"] / max(p["processes_us"], 1e-9))
 
   def to_dict(self) -> dict[str, Any]:
     return dataclasses.asdict(self)
@@ -315,16 +328,9 @@ def measure_train(learner, spec, horizon: int, segments: list[int], seconds: flo
                   key_seed: int = 0) -> list[dict[str, float]]:
   import jax
 
-  from ebrl.types import SegmentBatch
-
   out = []
   for s in segments:
-    batch = SegmentBatch(
-        obs={k: np.zeros((horizon + 1, s) + v.shape, v.dtype) for k, v in spec.obs.items()},
-        actions=np.zeros((horizon, s, spec.action_dim), np.float32), logp=np.zeros((horizon, s), np.float32),
-        rewards=np.zeros((horizon, s), np.float32), terminated=np.zeros((horizon, s), bool),
-        done=np.zeros((horizon, s), bool), valid=np.ones((horizon, s), bool),
-        version=np.zeros((horizon, s), np.int32))
+    batch = _segment_batch(spec, horizon, s)
     box = [learner.init(jax.random.PRNGKey(key_seed))]
 
     def update():
@@ -335,6 +341,61 @@ def measure_train(learner, spec, horizon: int, segments: list[int], seconds: flo
     samples, wall, cpu, calls = _timed(update, seconds)
     out.append({"samples": horizon * s, "wall_s": wall / calls, "cpu_s": cpu / calls})
   return out
+
+
+def measure_placement(learner, sampler, spec, num_envs: int, horizon: int, segments: int, seconds: float,
+                      remote_factory: Callable[[], Any]) -> dict[str, float]:
+  """Wall µs of one generation call for every env: alone, beside updates
+  looping in a thread, and beside the same updates in a learner process (`remote_factory()` makes
+  a RemoteLearner; its updates are driven from a thread here, as a run drives them)."""
+  import threading
+
+  import jax
+
+  obs = _zeros_obs(spec, num_envs)
+  batch = _segment_batch(spec, horizon, segments, learner.cfg)
+
+  def one():
+    sampler.act(obs, pad=True)
+    return 1
+
+  def beside(update_learner) -> float:
+    stop, box = threading.Event(), [update_learner.init(jax.random.PRNGKey(0))]
+
+    def loop():
+      while not stop.is_set():
+        box[0], _ = update_learner.update_segments(box[0], batch)
+        jax.block_until_ready(box[0])
+
+    box[0], _ = update_learner.update_segments(box[0], batch)  # Compiled before the clock starts.
+    th = threading.Thread(target=loop, daemon=True)
+    th.start()
+    try:
+      _, wall, _, calls = _timed(one, seconds)
+    finally:
+      stop.set()
+      th.join()
+    return wall * 1e6 / calls
+
+  _, wall, _, calls = _timed(one, seconds)
+  out = {"batch": num_envs, "alone_us": wall * 1e6 / calls, "threads_us": beside(learner)}
+  remote = remote_factory()
+  try:
+    out["processes_us"] = beside(remote)
+  finally:
+    remote.close()
+  return out
+
+
+def _segment_batch(spec, horizon: int, s: int, learner_cfg=None):
+  from ebrl.types import SegmentBatch
+
+  return SegmentBatch(
+      obs={k: np.zeros((horizon + 1, s) + v.shape, v.dtype) for k, v in spec.obs.items()},
+      actions=np.zeros((horizon, s, spec.action_dim), np.float32), logp=np.zeros((horizon, s), np.float32),
+      rewards=np.zeros((horizon, s), np.float32), terminated=np.zeros((horizon, s), bool),
+      done=np.zeros((horizon, s), bool), valid=np.ones((horizon, s), bool),
+      version=np.zeros((horizon, s), np.int32))
 
 
 def measure_assemble(spec, num_envs: int, horizon: int, batches: list[int], seconds: float) -> list[dict[str, float]]:
@@ -378,7 +439,7 @@ def _pow2_upto(n: int) -> list[int]:
 
 
 def measure(cfg, inventory: Inventory, *, policy=None, spec=None, full: bool = False,
-            seconds: float = 0.5, log=print) -> Profile:
+            seconds: float = 0.5, log=print, placement_probe: bool = True) -> Profile:
   """Calibrates every stage for this run's shapes (about 10-20 s; `full` adds update sizes)."""
   import jax
 
@@ -428,8 +489,18 @@ def measure(cfg, inventory: Inventory, *, policy=None, spec=None, full: bool = F
   log(f"[profile] train: {[s * cfg.rollout_length for s in sizes]} samples per update")
   train = measure_train(learner, spec, cfg.rollout_length, sizes, max(seconds, 1.0))
   assemble = measure_assemble(spec, n, cfg.rollout_length, sorted({8, 32, n}), seconds / 2)
+  placement = None
+  if placement_probe:
+    from ebrl.learner_process import LearnerProcessSpec, RemoteLearner
+
+    log("[profile] placement: generation beside updates in a thread, then in a learner process")
+    remote_spec = LearnerProcessSpec(policy_name=cfg.policy.name, policy_cfg=cfg.policy, env_spec=spec,
+                                     learner_cfg=learner.cfg, rollout_length=cfg.rollout_length,
+                                     segments_per_update=segments, action_size=spec.action_dim)
+    placement = measure_placement(learner, sampler, spec, n, cfg.rollout_length, segments, max(seconds, 1.0),
+                                  lambda: RemoteLearner(learner, remote_spec))
   prof = Profile(fingerprint=inventory.fingerprint(), shape=run_shape(cfg), sim=sim, gen=gen, train=train,
-                 assemble=assemble, render=render)
+                 assemble=assemble, render=render, placement=placement)
   prof.measured_s = time.perf_counter() - t0
   return prof
 

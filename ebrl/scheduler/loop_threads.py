@@ -85,6 +85,7 @@ def learner_loop(ctx: RunContext, state: TrainState, queue, stopping: Callable[[
   releases; after each, the new params are published and `on_publish(state)` wakes waiting groups.
   Returns the last state."""
   while not stopping():
+    ctx.learner.check_alive()  # A learner process that died ends the run (ebrl/learner_process.py).
     items = queue.get_batch(timeout=POLL_S)
     if items is None:
       continue

@@ -82,11 +82,18 @@ class SegmentRing:
 
   def put(self, arrays: Mapping[str, np.ndarray], meta: tuple[int, ...] = (), timeout: float = 1.0) -> bool:
     """Copies one segment into a free slot and commits it; False if no slot freed up in time."""
+    unknown = sorted(set(arrays) - set(self._views[0]))
+    if unknown:
+      raise KeyError(f"fields {unknown} are not in this ring's slots; its fields: {sorted(self._views[0])}")
     slot = self.acquire(timeout)
     if slot is None:
       return False
-    for name, dst in self._views[slot].items():
-      np.copyto(dst, arrays[name], casting="same_kind")
+    try:
+      for name, src in arrays.items():  # A field left out (an optional one) keeps old contents.
+        np.copyto(self._views[slot][name], src, casting="same_kind")
+    except BaseException:
+      self.release_slot(slot)
+      raise
     self.commit(slot, meta)
     return True
 

@@ -1,0 +1,331 @@
+"""The learner in a process of its own: segment batches in through shared memory, the state back.
+
+Why a process: on one GPU, XLA runs one process's computations on one compute
+stream, so a learner thread and a sampler thread hardly overlap their GPU
+work; as separate processes each can hold an MPS SM share
+(`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, set in `env` before the child's CUDA
+starts). On CPUs the child has XLA thread pools of its own, pinned to the
+learner's cores (`cores`), and the update's host work leaves the generation
+process's GIL.
+
+`RemoteLearner` keeps the in-process Learner's contract, so every scheduler
+drives it unchanged: `update_segments(state, batch) -> (state, metrics)`,
+one batch in flight, as the learner thread already takes one after another,
+so the staleness bound and both corrections are untouched.
+
+  parent (scheduler's learner thread)            child (spawned, never forked)
+  a new state?  -> state slot (versioned)         attach ring and slot, build the Learner
+  batch -> SegmentRing slot (one copy) ───────►   ring.get: update_segments (state read from the slot
+                                                  when flagged), state -> slot, slot back to the ring
+  ("updated", version, metrics) over a pipe ◄───  conn.send
+  state slot.read -> TrainState on this side
+
+Only slot indices and small messages (metrics, "stop", new cores) cross the
+pipe: no segment and no param is pickled. The child ignores SIGINT (Ctrl-C
+reaches the whole process group; the parent stops the run and then the
+child), exits on its own once its parent is gone, and the parent checks the
+child between all waits (`check_alive`), so a dead learner ends the run
+within a second with an error naming it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import multiprocessing
+import os
+import random
+import signal
+import sys
+import time
+import traceback
+import weakref
+from typing import Any, Iterator
+
+import jax
+import numpy as np
+
+from ebrl.learner import Learner, LearnerConfig, make_mesh
+from ebrl.transport.param_slot import ParamSlot
+from ebrl.transport.segment_ring import SegmentRing
+from ebrl.types import SegmentBatch, TrainState
+from sim_adapters.base import EnvSpec
+
+SPAWN = multiprocessing.get_context("spawn")
+_POLL_S = 0.2
+_STOP_S = 10.0  # How long a stopped child may take to exit before it is killed.
+
+
+class StageProcessError(RuntimeError):
+  """A stage process died or failed; the message names it and how."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerProcessSpec:
+  """What the child needs to build the same learner (picklable)."""
+  policy_name: str
+  policy_cfg: Any  # The config's `policy` ConfigDict.
+  env_spec: EnvSpec
+  learner_cfg: LearnerConfig
+  rollout_length: int
+  segments_per_update: int
+  action_size: int
+  train_devices: tuple[int, ...] = (0,)  # Local device indices of the learner's mesh.
+  cores: tuple[int, ...] = ()  # CPU affinity of the whole child (its XLA pools too); () = inherited.
+  env: tuple[tuple[str, str], ...] = ()  # Set before JAX starts there: MPS share, memory fraction.
+  # Fault injection (tests, soak runs): a uniform random sleep in [lo, hi] s before each update.
+  delay_s: tuple[float, float] = (0.0, 0.0)
+
+
+def segment_fields(spec: EnvSpec, horizon: int, batch: int, action_size: int) -> dict[str, tuple[tuple, Any]]:
+  """The ring slot's arrays for one update's SegmentBatch ([T(+1), B, ...], as `stack_segments`)."""
+  t, b = horizon, batch
+  fields = {f"obs/{k}": ((t + 1, b) + tuple(v.shape), v.dtype) for k, v in spec.obs.items()}
+  fields.update(actions=((t, b, action_size), np.float32), logp=((t, b), np.float32),
+                rewards=((t, b), np.float32), terminated=((t, b), np.bool_), done=((t, b), np.bool_),
+                valid=((t, b), np.bool_), version=((t, b), np.int32), discount=((t, b), np.float32))
+  return fields
+
+
+def _batch_arrays(batch: SegmentBatch) -> dict[str, np.ndarray]:
+  out = {f"obs/{k}": v for k, v in batch.obs.items()}
+  out.update(actions=batch.actions, logp=batch.logp, rewards=batch.rewards, terminated=batch.terminated,
+             done=batch.done, valid=batch.valid, version=batch.version)
+  if batch.discount is not None:
+    out["discount"] = batch.discount
+  return out
+
+
+def _batch_from(arrays: dict[str, np.ndarray], has_discount: bool) -> SegmentBatch:
+  obs = {k[len("obs/"):]: v for k, v in arrays.items() if k.startswith("obs/")}
+  return SegmentBatch(obs=obs, actions=arrays["actions"], logp=arrays["logp"], rewards=arrays["rewards"],
+                      terminated=arrays["terminated"], done=arrays["done"], valid=arrays["valid"],
+                      version=arrays["version"], discount=arrays["discount"] if has_discount else None)
+
+
+def _state_leaves(state: TrainState) -> list[np.ndarray]:
+  return [np.asarray(x) for x in jax.tree.leaves(jax.device_get(state))]
+
+
+class RemoteLearner:
+  """The Learner's interface, with `update_segments` run by a spawned learner process.
+
+  `local` is this process's Learner over the same policy and config: it makes the initial state
+  (`init`), the state's tree structure and its placement here (checkpoints, the param store).
+  """
+
+  def __init__(self, local: Learner, spec: LearnerProcessSpec):
+    self.local, self.spec = local, spec
+    self.policy, self.cfg, self.mesh = local.policy, local.cfg, local.mesh
+    template = jax.eval_shape(local.init, jax.random.PRNGKey(0))
+    self._treedef = jax.tree.structure(template)
+    self._slot = ParamSlot.create([np.zeros(x.shape, x.dtype) for x in jax.tree.leaves(template)])
+    fields = segment_fields(spec.env_spec, spec.rollout_length, spec.segments_per_update, spec.action_size)
+    self._ring = SegmentRing.create(fields, slots=1, mp_context=SPAWN)
+    self._conn, child_conn = SPAWN.Pipe()
+    self._proc = SPAWN.Process(target=child_main, name="ebrl-learner",
+                               args=(spec, self._ring, self._slot.spec, child_conn, os.getpid()), daemon=True)
+    with _main_module_hidden():
+      self._proc.start()
+    child_conn.close()
+    self.pid = self._proc.pid
+    self.child_env: dict[str, str] = {}  # What the child reported of `spec.env` once ready.
+    self._last: TrainState | None = None  # The state the child holds (the last one returned).
+    self._closed = False
+    self._finalizer = weakref.finalize(self, RemoteLearner._cleanup, self._proc, self._conn, self._ring, self._slot)
+
+  # -- the Learner interface ---------------------------------------------------------------
+
+  def init(self, key: jax.Array) -> TrainState:
+    return self.local.init(key)
+
+  def update(self, state, rollout):
+    raise NotImplementedError("the learner process runs segment updates (scheduler=ebrl) only")
+
+  def update_segments(self, state: TrainState, batch: SegmentBatch) -> tuple[TrainState, dict]:
+    """One update in the child: `state` is sent along unless it is the one the child already
+    holds (the last returned); the new state comes back placed as the local learner's."""
+    self.check_alive()
+    fresh = state is not self._last
+    if fresh:
+      self._slot.write(_state_leaves(state), int(jax.device_get(state.version)))
+    arrays = _batch_arrays(jax.device_get(batch))
+    while not self._ring.put(arrays, meta=(batch.discount is not None, fresh), timeout=_POLL_S):
+      self.check_alive()
+    metrics = self._reply("updated")
+    got = self._slot.read()
+    if got is None:
+      raise StageProcessError(f"learner process (pid {self.pid}) reported an update but published no state")
+    leaves, _ = got
+    new_state = jax.device_put(jax.tree.unflatten(self._treedef, leaves), self.local.replicated)
+    self._last = new_state
+    return new_state, metrics
+
+  def check_alive(self) -> None:
+    """Raises StageProcessError if the child died or reported an error (the run's watchdog)."""
+    if self._closed:
+      raise StageProcessError("the learner process was closed")
+    while self._conn.poll(0):
+      self._handle(self._recv())
+    if not self._proc.is_alive():
+      raise StageProcessError(f"learner process (pid {self.pid}) {_how_it_ended(self._proc.exitcode)}; "
+                              "the run stops")
+
+  def set_cores(self, cores: tuple[int, ...]) -> None:
+    """A re-plan's CPU quota for the learner: every thread of the child moves to it."""
+    if not self._closed and self._proc.is_alive():
+      self._conn.send(("cores", tuple(int(c) for c in cores)))
+
+  def close(self) -> None:
+    """Stops the child (killed if it does not exit within 10 s) and removes the shared memory."""
+    if self._closed:
+      return
+    self._closed = True
+    self._finalizer()
+
+  # -- internals -----------------------------------------------------------------------------
+
+  def _recv(self):
+    try:
+      return self._conn.recv()
+    except (EOFError, OSError):
+      self._proc.join(timeout=_STOP_S)
+      raise StageProcessError(f"learner process (pid {self.pid}) "
+                              f"{_how_it_ended(self._proc.exitcode)}; the run stops") from None
+
+  def _handle(self, msg) -> Any:
+    kind = msg[0]
+    if kind == "error":
+      raise StageProcessError(f"learner process (pid {self.pid}) failed: {msg[1]}")
+    if kind == "ready":
+      self.child_env = dict(msg[1])
+    return msg
+
+  def _reply(self, kind: str) -> Any:
+    while True:
+      if self._conn.poll(_POLL_S):
+        msg = self._handle(self._recv())
+        if msg[0] == kind:
+          return msg[1]
+      elif not self._proc.is_alive():
+        self.check_alive()
+
+  @staticmethod
+  def _cleanup(proc, conn, ring, slot) -> None:
+    try:
+      if proc.is_alive():
+        try:
+          conn.send(("stop",))
+        except (OSError, ValueError):
+          pass
+        proc.join(timeout=_STOP_S)
+      if proc.is_alive():
+        proc.kill()
+        proc.join(timeout=_STOP_S)
+    finally:
+      conn.close()
+      ring.close()
+      slot.close()
+
+
+@contextlib.contextmanager
+def _main_module_hidden() -> Iterator[None]:
+  """Spawn re-runs the parent's `__main__` in the child unless it has no file and no spec. The
+  child runs only this module, so re-running the caller's script is needless, and a hazard: a
+  script without an `if __name__ == "__main__"` guard would build a second run in the child."""
+  main = sys.modules.get("__main__")
+  if main is None:
+    yield
+    return
+  saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+  main.__dict__.pop("__file__", None)
+  main.__spec__ = None
+  try:
+    yield
+  finally:
+    main.__dict__.update(saved)
+    if "__spec__" not in saved:
+      del main.__spec__
+
+
+def _how_it_ended(code: int | None) -> str:
+  if code is None:
+    return "stopped answering"
+  if code < 0:
+    return f"was killed by {signal.Signals(-code).name}"
+  return f"exited with code {code}"
+
+
+# -- the child --------------------------------------------------------------------------------
+
+
+def child_main(spec: LearnerProcessSpec, ring: SegmentRing, slot_spec, conn, parent_pid: int) -> None:
+  """The learner process: builds its learner, then one update per batch until told to stop."""
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  os.environ.update(dict(spec.env))  # Before JAX starts its backend here.
+  if spec.cores:
+    os.sched_setaffinity(0, spec.cores)  # Every thread started from now on (XLA's pools) inherits it.
+  slot = None
+  try:
+    from ebrl import runtime  # pylint: disable=g-import-not-at-top
+    from policies import make_policy  # pylint: disable=g-import-not-at-top
+
+    runtime.enable_compilation_cache()
+    policy = make_policy(spec.policy_name, spec.env_spec, spec.policy_cfg)
+    local = jax.local_devices()
+    learner = Learner(policy, spec.learner_cfg, mesh=make_mesh([local[i] for i in spec.train_devices]))
+    treedef = jax.tree.structure(jax.eval_shape(learner.init, jax.random.PRNGKey(0)))
+    slot = ParamSlot.attach(slot_spec)
+    conn.send(("ready", tuple((k, os.environ.get(k, "")) for k, _ in spec.env)))
+    _serve(spec, learner, treedef, ring, slot, conn, parent_pid)
+  except BaseException as e:  # pylint: disable=broad-except  # Reported to the parent, then exit 1.
+    traceback.print_exc(file=sys.stderr)
+    try:
+      conn.send(("error", f"{type(e).__name__}: {e}"))
+    except (OSError, ValueError):
+      pass
+    sys.exit(1)
+  finally:
+    if slot is not None:
+      slot.close()
+    ring.close()
+    conn.close()
+
+
+def _serve(spec, learner: Learner, treedef, ring: SegmentRing, slot: ParamSlot, conn, parent_pid: int) -> None:
+  rng = random.Random(os.getpid())
+  state = None
+  while True:
+    if os.getppid() != parent_pid:
+      return  # The parent is gone: nobody will read what this process makes.
+    while conn.poll(0):
+      msg = conn.recv()
+      if msg[0] == "stop":
+        return
+      if msg[0] == "cores":
+        _pin_all_threads(msg[1])
+    item = ring.get(timeout=_POLL_S)
+    if item is None:
+      continue
+    index, (has_discount, fresh) = item
+    if fresh or state is None:
+      leaves, _ = slot.read()
+      state = jax.device_put(jax.tree.unflatten(treedef, leaves), learner.replicated)
+    lo, hi = spec.delay_s
+    if hi > 0:
+      time.sleep(rng.uniform(lo, hi))
+    batch = _batch_from(ring.arrays(index), bool(has_discount))
+    state, metrics = learner.update_segments(state, batch)
+    jax.block_until_ready(state)
+    ring.release_slot(index)  # The update has read the batch (on a CPU it may have aliased the slot).
+    host = jax.device_get(state)
+    slot.write([np.asarray(x) for x in jax.tree.leaves(host)], int(host.version))
+    conn.send(("updated", {k: np.asarray(v) for k, v in jax.device_get(metrics).items()}))
+
+
+def _pin_all_threads(cores: tuple[int, ...]) -> None:
+  for tid in os.listdir("/proc/self/task"):
+    try:
+      os.sched_setaffinity(int(tid), cores)
+    except OSError:
+      pass

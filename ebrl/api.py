@@ -150,9 +150,9 @@ def evaluate(checkpoint: str, env: str | None = None, *, episodes: int = 32, see
 def bench(config: ml_collections.ConfigDict | Mapping | None = None, *, overrides: Mapping[str, Any] | None = None,
           env: str = "MetaWorld/Reach-v3", policy: str = "mlp", schedulers: Sequence[str] = ("random", "sync"),
           seconds: float = 30.0, warmup_updates: int = 3, num_envs: int | None = None,
-          resources: Sequence[str] = (), placements: Sequence[str] = (), straggler_fraction: float = 0.0,
-          straggler_slowdown: float = 1.0, out: str | None = None, timeline: str | None = None, workdir: str | None = None,
-          log: Callable[[str], None] = print) -> dict:
+          resources: Sequence[str] = (), placements: Sequence[str] = (), rounds: int = 1,
+          straggler_fraction: float = 0.0, straggler_slowdown: float = 1.0, out: str | None = None,
+          timeline: str | None = None, workdir: str | None = None, log: Callable[[str], None] = print) -> dict:
   """Runs each of `schedulers` in turn on the same envs and cores for `seconds` after `warmup_updates`
   untimed updates, and returns what `python -m launch.bench` writes to bench.json: per-scheduler
   results (e2e_env_steps_per_s, stage_busy, cpu_us_per_env_step, ...) and `ratios` such as
@@ -163,8 +163,8 @@ def bench(config: ml_collections.ConfigDict | Mapping | None = None, *, override
 
   spec = BenchSpec(env=env, policy=policy, schedulers=tuple(schedulers), seconds=seconds,
                    warmup_updates=warmup_updates, num_envs=num_envs, resources=tuple(resources),
-                   placements=tuple(placements), straggler_fraction=straggler_fraction, straggler_slowdown=straggler_slowdown, out=out,
-                   timeline=timeline, workdir=workdir)
+                   placements=tuple(placements), rounds=rounds, straggler_fraction=straggler_fraction,
+                   straggler_slowdown=straggler_slowdown, out=out, timeline=timeline, workdir=workdir)
   spec.check()
   cfg = make_config(config, overrides)
   runtime.limit_xla_threads()

@@ -55,6 +55,7 @@ class BenchSpec:
   num_envs: int | None = None
   resources: Sequence[str] = ()  # Resource modes of the ebrl scheduler, each its own entry 'ebrl+<mode>'.
   placements: Sequence[str] = ()  # Placements of the ebrl learner, each its own entry 'ebrl[+<mode>]@<placement>'.
+  rounds: int = 1  # Every entry runs this many times, interleaved (A B A B): drift hits all alike.
   straggler_fraction: float = 0.0
   straggler_slowdown: float = 1.0
   out: str | None = None  # bench.json; None: not written.
@@ -81,6 +82,8 @@ class BenchSpec:
       raise UserError(f"seconds={seconds} must be a finite number > 0 (timed seconds per scheduler)")
     if warmup < 1:
       raise UserError(f"warmup_updates={warmup} must be an integer >= 1 (the window opens after that update)")
+    if not isinstance(self.rounds, int) or self.rounds < 1:
+      raise UserError(f"rounds={self.rounds} must be an integer >= 1 (timed runs of every entry, interleaved)")
     if num_envs is not None and num_envs <= 0:
       raise UserError(f"num_envs={num_envs} must be a positive integer (or left out for the config's)")
     if not 0.0 <= self.straggler_fraction <= 1.0:
@@ -169,8 +172,8 @@ class _Window:
       trainer.deadline = time.time() + self.seconds
 
   def result(self, trainer, end: tuple) -> dict:
-    t0, s0, c0, cpu0 = self.start
-    t1, s1, c1, cpu1 = end
+    t0, s0, c0, cpu0, steal0 = self.start
+    t1, s1, c1, cpu1, steal1 = end
     wall = t1 - t0
     busy = {k: (c1[k] - c0.get(k, 0.0)) / wall for k in ("sim", "render", "gen", "train") if k in c1}
     steps = s1 - s0
@@ -179,7 +182,7 @@ class _Window:
     return {"env_steps": steps, "window_s": wall, "e2e_env_steps_per_s": steps / wall,
             "rollout_env_steps_per_s": steps / max(wall * (1.0 - busy["train"]), 1e-9),
             "stage_busy": busy, "staleness_mean": trainer.staleness_mean(),
-            "cpu_cores_used": cores, "cpu_us_per_env_step": us_per_step,
+            "cpu_cores_used": cores, "cpu_us_per_env_step": us_per_step, "steal_s": steal1 - steal0,
             "work_conserving_env_steps_per_s": len(os.sched_getaffinity(0)) * 1e6 / max(us_per_step, 1e-9)}
 
 
@@ -188,7 +191,18 @@ def _mark(trainer) -> tuple:
   cpu = os.times()
   child = getattr(trainer.learner, "pid", None)  # A learner process (placement=processes).
   return (time.perf_counter(), trainer.env_steps, trainer.clock.snapshot(),
-          cpu.user + cpu.system + (_cpu_seconds(child) if child else 0.0))
+          cpu.user + cpu.system + (_cpu_seconds(child) if child else 0.0), _steal_seconds())
+
+
+def _steal_seconds() -> float:
+  """CPU time the hypervisor gave to others while this machine's CPUs wanted it (/proc/stat
+  `steal`, all CPUs): a window with much of it ran on a slower machine than its neighbours."""
+  try:
+    with open("/proc/stat") as f:
+      fields = f.readline().split()
+    return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+  except (OSError, IndexError, ValueError):
+    return 0.0
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -248,10 +262,38 @@ def run_one(name: str, base_cfg, workdir: str, warmup_updates: int, seconds: flo
   return result
 
 
+def combine_rounds(rounds: list[dict]) -> dict:
+  """One entry's result over its rounds: rates as total steps over total window time, shares and
+  per-step costs weighted by window, counts summed; each round's own rate kept in `rounds_e2e`."""
+  if len(rounds) == 1:
+    return rounds[0]
+  for r in rounds:
+    r.pop("_spans", None)
+  wall = sum(r["window_s"] for r in rounds)
+  steps = sum(r["env_steps"] for r in rounds)
+  weigh = lambda key: sum(r[key] * r["window_s"] for r in rounds) / wall
+  cpu_s = sum(r["cpu_cores_used"] * r["window_s"] for r in rounds)
+  total = lambda key: sum(r.get(key, 0) for r in rounds)
+  out = dict(rounds[-1])  # The last round's plan, probes and layout.
+  out.update(env_steps=steps, window_s=wall, e2e_env_steps_per_s=steps / wall,
+             rollout_env_steps_per_s=steps / sum(r["env_steps"] / r["rollout_env_steps_per_s"] for r in rounds),
+             stage_busy={k: sum(r["stage_busy"][k] * r["window_s"] for r in rounds) / wall
+                         for k in rounds[0]["stage_busy"]},
+             staleness_mean=weigh("staleness_mean"), cpu_cores_used=cpu_s / wall,
+             cpu_us_per_env_step=cpu_s * 1e6 / max(steps, 1), steal_s=total("steal_s"),
+             force_started=total("force_started"), stale_dropped=total("stale_dropped"),
+             rounds_e2e=[r["e2e_env_steps_per_s"] for r in rounds])
+  out["work_conserving_env_steps_per_s"] = len(os.sched_getaffinity(0)) * 1e6 / max(out["cpu_us_per_env_step"], 1e-9)
+  return out
+
+
 def _report(spec: BenchSpec, results: dict, base, machine: dict) -> dict:
   """bench.json: the results, the ratios between schedulers and the share of the bound each reached."""
-  ratios = {_ratio_name(a, b): results[a]["e2e_env_steps_per_s"] / results[b]["e2e_env_steps_per_s"]
-            for a, b in _ratio_pairs(list(results))}
+  pairs = _ratio_pairs(list(results))
+  ratios = {_ratio_name(a, b): results[a]["e2e_env_steps_per_s"] / results[b]["e2e_env_steps_per_s"] for a, b in pairs}
+  # Per round (the entries of one round ran next to each other): the spread the ratio has here.
+  round_ratios = {_ratio_name(a, b): [x / y for x, y in zip(results[a]["rounds_e2e"], results[b]["rounds_e2e"])]
+                  for a, b in pairs if "rounds_e2e" in results[a] and "rounds_e2e" in results[b]}
   bound = next((r["resources"]["bound"] for r in results.values() if r.get("resources", {}).get("bound")), None)
   out_bound = None
   if bound:
@@ -259,18 +301,20 @@ def _report(spec: BenchSpec, results: dict, base, machine: dict) -> dict:
                  "fraction": {n: r["e2e_env_steps_per_s"] / bound["env_steps_per_s"] for n, r in results.items()}}
   return {"env": spec.env, "policy": spec.policy, "num_envs": base.num_envs, "seconds": spec.seconds,
           "stragglers": {"fraction": spec.straggler_fraction, "slowdown": spec.straggler_slowdown},
-          "machine": machine, "results": results, "ratios": ratios, "bound": out_bound}
+          "machine": machine, "rounds": spec.rounds, "results": results, "ratios": ratios,
+          **({"round_ratios": round_ratios} if round_ratios else {}), "bound": out_bound}
 
 
 def table_lines(out: dict) -> list[str]:
   """One row per scheduler; `forced` and `stale` are its force_started and stale_dropped counts."""
   results = out["results"]
   stages = [s for s in ("sim", "render", "gen", "train") if any(s in r["stage_busy"] for r in results.values())]
-  lines = [f"\n{'scheduler':<12}{'e2e steps/s':>14}{'rollout steps/s':>18}" + "".join(f"{s:>7}" for s in stages)
+  width = max(12, 2 + max(len(n) for n in results))
+  lines = [f"\n{'scheduler':<{width}}{'e2e steps/s':>14}{'rollout steps/s':>18}" + "".join(f"{s:>7}" for s in stages)
            + f"{'cores':>7}{'us/step':>9}{'bound':>12}{'forced':>8}{'stale':>7}"]
   for name, r in results.items():
     b = r["stage_busy"]
-    lines.append(f"{name:<12}{r['e2e_env_steps_per_s']:>14,.0f}{r['rollout_env_steps_per_s']:>18,.0f}"
+    lines.append(f"{name:<{width}}{r['e2e_env_steps_per_s']:>14,.0f}{r['rollout_env_steps_per_s']:>18,.0f}"
                  + "".join(f"{b.get(s, 0.0):>7.2f}" for s in stages)
                  + f"{r['cpu_cores_used']:>7.2f}{r['cpu_us_per_env_step']:>9.1f}"
                  + f"{r['work_conserving_env_steps_per_s']:>12,.0f}{r['force_started']:>8}{r['stale_dropped']:>7}")
@@ -286,7 +330,13 @@ def table_lines(out: dict) -> list[str]:
   if out["bound"]:
     lines.append(f"work-conserving bound {out['bound']['env_steps_per_s']:,.0f} env steps/s; fraction reached: "
                  + ", ".join(f"{n} {f:.3f}" for n, f in out["bound"]["fraction"].items()))
-  lines += [f"{k} = {v:.3f}" for k, v in out["ratios"].items()]
+  rounds = out.get("round_ratios", {})
+  lines += [f"{k} = {v:.3f}" + (f"  (rounds: {', '.join(f'{x:.3f}' for x in rounds[k])})" if k in rounds else "")
+            for k, v in out["ratios"].items()]
+  steal = {n: r.get("steal_s", 0.0) for n, r in results.items()}
+  if any(v > 0 for v in steal.values()):
+    lines.append("CPU stolen by the hypervisor in the windows: "
+                 + ", ".join(f"{n} {v:.1f} s" for n, v in steal.items()))
   return lines
 
 
@@ -305,13 +355,17 @@ def run_bench(spec: BenchSpec, cfg, log: Callable[[str], None] = print) -> dict:
   spec.check_outputs()
   runtime.enable_compilation_cache()
 
-  results = {}
+  runs: dict[str, list[dict]] = {name: [] for name in entries}
   with tempfile.TemporaryDirectory(prefix="ebrl-bench-") as tmp:
     root = spec.workdir or tmp
-    for name in entries:
-      log(f"[bench] {name}: warm-up, then {spec.seconds:g} s timed")
-      results[name] = run_one(name, base, os.path.join(root, name), spec.warmup_updates, spec.seconds)
-  spans = {name: r.pop("_spans") for name, r in results.items()}
+    for k in range(spec.rounds):
+      for name in entries:
+        round_note = f" (round {k + 1} of {spec.rounds})" if spec.rounds > 1 else ""
+        log(f"[bench] {name}: warm-up, then {spec.seconds:g} s timed{round_note}")
+        workdir = os.path.join(root, name) if spec.rounds == 1 else os.path.join(root, name, f"round{k + 1}")
+        runs[name].append(run_one(name, base, workdir, spec.warmup_updates, spec.seconds))
+  spans = {name: rs[-1].pop("_spans") for name, rs in runs.items()}
+  results = {name: combine_rounds(rs) for name, rs in runs.items()}
   out = _report(spec, results, base, runtime.machine_info())
   if spec.timeline_path:
     from ebrl.telemetry import plots  # pylint: disable=g-import-not-at-top

@@ -29,6 +29,9 @@ _RESOURCES = flags.DEFINE_list(
 _PLACEMENTS = flags.DEFINE_list(
     "placements", [], "Placements of the ebrl learner (threads, processes, auto), each as its own entry "
     "'ebrl[+<mode>]@<placement>'; empty = the config's placement only.")
+_ROUNDS = flags.DEFINE_integer(
+    "rounds", 1, "Timed runs of every entry, interleaved (A B A B ...): slow drifts of the machine (CPU stolen "
+    "by the hypervisor) hit every entry alike; rates are over all rounds, each round's ratio is printed.")
 _TIMELINE = flags.DEFINE_string("timeline", None, "PNG with every scheduler's stage timeline (default: beside --out).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Keep each scheduler's run outputs (summary.json, metrics.jsonl, "
                                "trace.json) in <workdir>/<scheduler> (default: a temporary directory, removed).")
@@ -42,7 +45,7 @@ def main(argv: list[str]) -> None:
 
   spec = BenchSpec(env=_ENV.value, policy=_POLICY.value, schedulers=tuple(_SCHEDULERS.value), seconds=_SECONDS.value,
                    warmup_updates=_WARMUP.value, num_envs=_NUM_ENVS.value, resources=tuple(_RESOURCES.value),
-                   placements=tuple(_PLACEMENTS.value),
+                   placements=tuple(_PLACEMENTS.value), rounds=_ROUNDS.value,
                    straggler_fraction=_STRAGGLER_FRACTION.value, straggler_slowdown=_STRAGGLER_SLOWDOWN.value,
                    out=_OUT.value, timeline=_TIMELINE.value, workdir=_WORKDIR.value)
   spec.check()  # Before the config file's values are read.

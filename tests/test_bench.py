@@ -180,3 +180,22 @@ def test_bench_placements_compare_a_learner_process_with_learner_threads(tmp_pat
   assert data["ratios"]["ebrl@processes_over_sync"] == pytest.approx(
       res["ebrl@processes"]["e2e_env_steps_per_s"] / res["sync"]["e2e_env_steps_per_s"])
   assert "processes_over_threads" in run.stdout
+
+
+def test_bench_rounds_interleave_entries_and_combine_them(tmp_path):
+  """Two rounds of sync and random: each entry's rate is its steps over its windows, every round's
+  own rate and ratio are kept, and each round's run has a directory of its own."""
+  run = BenchRun(tmp_path, "--env=MetaWorld/Reach-v3", "--schedulers=random,sync", "--rounds=2")
+  data = run.data
+  assert data["rounds"] == 2
+  for name, r in data["results"].items():
+    rounds = [json.loads((run.workdir / name / f"round{k}" / "summary.json").read_text()) for k in (1, 2)]
+    assert len(r["rounds_e2e"]) == 2 and all(x > 0 for x in r["rounds_e2e"])
+    assert r["e2e_env_steps_per_s"] == pytest.approx(r["env_steps"] / r["window_s"])
+    assert min(r["rounds_e2e"]) <= r["e2e_env_steps_per_s"] <= max(r["rounds_e2e"])
+    assert r["env_steps"] <= sum(s["env_steps"] for s in rounds) and r["window_s"] >= 2.0
+    assert r["steal_s"] >= 0.0
+  per_round = data["round_ratios"]["sync_over_random"]
+  rates = data["results"]
+  assert per_round == pytest.approx([s / q for s, q in zip(rates["sync"]["rounds_e2e"], rates["random"]["rounds_e2e"])])
+  assert "sync_over_random" in run.stdout and "(rounds: " in run.stdout

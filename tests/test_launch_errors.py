@@ -24,6 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UNWRITABLE = "/proc/ebrl-nope"  # No directory can be made under /proc, not even by root.
 
 BENCH = {
+    "zero_rounds": (["--rounds=0"], "rounds=0 must be an integer >= 1"),
     "unknown_placement": (["--schedulers=sync,ebrl", "--placements=threads,gpu"],
                           "unknown placement 'gpu'; valid: auto, threads, processes"),
     "placements_without_ebrl": (["--placements=processes"], "placements runs the ebrl scheduler under each placement"),

@@ -400,11 +400,13 @@ def test_fully_batched_layout_steps_every_env_together_within_the_bound(tmp_path
 
   adapter.recv = recording_recv
   scheduler = make_scheduler("ebrl", trainer.run_context())
-  taken, seen = _record_batches(scheduler.queue), []
+  assert scheduler.inline  # One lockstep group generates on its own thread.
+  taken, seen, threads = _record_batches(scheduler.queue), [], set()
   trainer.update_hooks.append(lambda t: seen.append(dict(t._last_metrics)))  # pylint: disable=protected-access
+  trainer.update_hooks.append(lambda t: threads.update(th.name for th in _stage_threads()))
   scheduler.run(trainer.state, cfg.total_env_steps)
   summary = trainer.finish()
-  assert not _stage_threads()
+  assert not _stage_threads() and threads == {"group0", "learner"}  # No sampler thread.
   assert summary["env_steps"] >= cfg.total_env_steps and len(taken) >= 8
   ids = np.concatenate(received)
   assert len(received) > 8 and ids.min() >= 0 and ids.max() < cfg.num_envs

@@ -117,8 +117,11 @@ def train(config: ml_collections.ConfigDict | Mapping | None = None, workdir: st
   from ebrl import interrupts, runtime  # pylint: disable=g-import-not-at-top
   from ebrl.trainer import Trainer  # pylint: disable=g-import-not-at-top
 
+  from ebrl.resources import gpu_sharing  # pylint: disable=g-import-not-at-top
+
   runtime.limit_xla_threads()  # No effect once JAX has started (a notebook that used it already).
   runtime.enable_compilation_cache()
+  gpu_sharing.begin(cfg)  # Before JAX's backend starts: an MPS daemon for stage processes on a GPU.
   trainer = Trainer(cfg, workdir or default_workdir(cfg), launch_time=launch_time, progress=progress)
   log(f"training {cfg.env.name} ({cfg.policy.name}, {cfg.scheduler}) in {trainer.workdir}")
   with interrupts.stop_on_signals(trainer.stop_requested, log=log, second=second_interrupt):

@@ -115,6 +115,9 @@ def get_config() -> ml_collections.ConfigDict:
       train_cores="",
       render_cores="",  # resources=manual with env.render_stage: "" = beside sim.
       sim_threads=0,  # resources=manual: EnvPool threads per pool; 0 = one per sim core.
+      # placement=processes under MPS: the learner process's SM percentage; 0 = its part of the
+      # profiled GPU time per env step (generation keeps every SM).
+      learner_sm_percent=0,
   ))
   c.warm_start = ""  # Policy params to start from: a launch.train workdir/checkpoint or a launch.bc --out dir.
   c.resume = False

@@ -12,6 +12,7 @@ ebrl/validation.py).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -31,6 +32,7 @@ from ebrl.layout import RunLayout
 from ebrl.learner import Learner, LearnerConfig, make_mesh
 from ebrl.learner_process import LearnerProcessSpec, RemoteLearner
 from ebrl.param_store import ParamStore, with_value_stats
+from ebrl.resources import gpu_sharing
 from ebrl.sampler import Sampler
 from ebrl.scheduler import make_scheduler
 from ebrl.scheduler.context import RunContext, RunLog
@@ -189,15 +191,30 @@ class Trainer:
                               learner_cfg=self.learner.cfg, rollout_length=self.layout.rollout_length,
                               segments_per_update=self.layout.segments_per_update, action_size=self.action_size,
                               train_devices=tuple(self.placement.train), cores=cores)
+    sharing = gpu_sharing.current()
+    sm = self._learner_sm_percent(cfg)
+    if sharing is not None and sharing.mode == "mps":
+      spec = dataclasses.replace(spec, env=sharing.learner_env(sm))
     remote = RemoteLearner(self.learner, spec)
     if self.resources is not None:
       self.resources.listeners.append(lambda plan: remote.set_cores(plan.cpu_sets["train"]))
     say = tqdm.tqdm.write if progress else (lambda m: None)
-    gpu = any(d.platform == "gpu" for d in jax.local_devices())
-    say(f"[placement] learner in process {remote.pid}" + (f" on cores {cores}" if cores else "") + "; "
-        + ("its SM share: none set, so it time-shares the GPU with generation" if gpu
-           else "no GPU here, so no SM shares: the processes time-share the CPU cores"))
+    share = f", {sm}% of the SMs" if spec.env else ""
+    say(f"[placement] learner in process {remote.pid}" + (f" on cores {cores}" if cores else "") + share)
+    if sharing is None or not sharing.note:  # Started without ebrl.train / launch.train (no MPS attempt).
+      say("[placement] no SM shares (MPS starts only from a fresh ebrl.train): the processes time-share")
+    else:
+      say(sharing.note)
     return remote
+
+  def _learner_sm_percent(self, cfg) -> int:
+    """The learner process's SM share: the config's, else its part of the profiled GPU time per step."""
+    profile = self.resources.profile if self.resources is not None else None
+    if profile is None:
+      return gpu_sharing.learner_sm_percent(cfg.quotas.learner_sm_percent, 1.0, 1.0)
+    n = cfg.num_envs
+    return gpu_sharing.learner_sm_percent(cfg.quotas.learner_sm_percent, profile.gen_wall_us(n) * 1e-6 / n,
+                                          1.0 / max(profile.train_rate(), 1e-9))
 
   @staticmethod
   def _local_devices(indices: tuple[int, ...]) -> list:

@@ -258,6 +258,9 @@ def _check_resources(cfg, device: bool) -> None:
   if q.control_interval_s < 0:
     raise UserError(f"quotas.control_interval_s={q.control_interval_s!r} must be >= 0 (0 = no runtime feedback)")
   _non_negative("quotas.overlap_probe_s", q.overlap_probe_s)
+  sm = q.learner_sm_percent
+  if isinstance(sm, bool) or not isinstance(sm, int) or not 0 <= sm <= 100:
+    raise UserError(f"quotas.learner_sm_percent={sm!r} must be an integer in [0, 100] (0 = from the profile)")
   if not isinstance(q.sim_threads, int) or q.sim_threads < 0:
     raise UserError(f"quotas.sim_threads={q.sim_threads!r} must be an integer >= 0 (0 = one per sim core)")
   if q.profile and not os.path.isfile(q.profile):

@@ -61,6 +61,8 @@ CASES = {
                           "unknown placement 'gpu'; valid: auto, threads, processes"),
     "processes_without_ebrl": (["--config.placement=processes"],
                                "placement=processes runs the learner of scheduler=ebrl on host envs"),
+    "learner_sm_percent_beyond_100": (["--config.quotas.learner_sm_percent=120"],
+                                      "quotas.learner_sm_percent=120 must be an integer in [0, 100]"),
     "unknown_resources": (["--config.scheduler=ebrl", "--config.resources=greedy"], "valid: off, auto, naive, manual"),
     "resources_for_sync": (["--config.resources=naive"], "scheduler=sync"),
     "manual_without_cores": (["--config.scheduler=ebrl", "--config.resources=manual"], "quotas.sim_cores"),

@@ -264,3 +264,36 @@ def test_ctrl_c_with_a_learner_process_leaves_no_process_and_no_shared_memory(tm
     time.sleep(0.1)
   assert _spawned() - before == set()
   assert shm.leftover_blocks() == [], "a shared-memory block outlived its run"
+
+
+def test_under_mps_the_trainer_gives_the_learner_process_its_sm_share(tmp_path, monkeypatch):
+  """With MPS running (faked: no GPU here), the learner process of a run starts with the config's
+  SM share and memory cap in its environment; this process keeps every SM."""
+  from ebrl.resources import gpu_sharing  # pylint: disable=g-import-not-at-top
+  from ebrl.trainer import Trainer  # pylint: disable=g-import-not-at-top
+
+  daemon = type("Daemon", (), {"pipe_dir": str(tmp_path / "mps-pipe"), "stop": lambda self: None})()
+  monkeypatch.setattr(gpu_sharing, "_current", gpu_sharing.GpuSharing("mps", "[placement] MPS (test)", daemon))
+  cfg = _run_config(10**9)
+  cfg.quotas.learner_sm_percent = 30
+  trainer = Trainer(cfg, str(tmp_path / "run"), progress=False)
+  try:
+    remote = trainer.learner
+    remote.update_segments(trainer.state, _run_batch(trainer))
+    assert remote.child_env == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30",
+                                "CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "mps-pipe"),
+                                "XLA_PYTHON_CLIENT_MEM_FRACTION": str(gpu_sharing.LEARNER_MEM_FRACTION),
+                                "XLA_PYTHON_CLIENT_PREALLOCATE": "true"}
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in os.environ
+  finally:
+    trainer.abort()
+
+
+def _run_batch(trainer) -> SegmentBatch:
+  """A batch of the run's own shapes (what its scheduler would hand the learner)."""
+  t, b = trainer.layout.rollout_length, trainer.layout.segments_per_update
+  spec = trainer.spec
+  return SegmentBatch(obs={k: np.zeros((t + 1, b) + v.shape, v.dtype) for k, v in spec.obs.items()},
+                      actions=np.zeros((t, b, trainer.action_size), np.float32), logp=np.zeros((t, b), np.float32),
+                      rewards=np.zeros((t, b), np.float32), terminated=np.zeros((t, b), bool),
+                      done=np.zeros((t, b), bool), valid=np.ones((t, b), bool), version=np.zeros((t, b), np.int32))

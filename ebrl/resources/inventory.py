@@ -183,6 +183,11 @@ def _gpus() -> tuple[tuple[GpuInfo, ...], str]:
       pass
 
 
+def gpus() -> tuple[tuple[GpuInfo, ...], str]:
+  """This machine's NVIDIA GPUs through NVML (without starting JAX), and why none were found."""
+  return _gpus()
+
+
 def mps_status(gpus: tuple[GpuInfo, ...], gpu_error: str = "") -> MpsStatus:
   """Whether an MPS daemon can start here. Reads the compute mode, never changes it."""
   binary = shutil.which(MPS_CONTROL)

@@ -1,0 +1,127 @@
+"""One GPU shared by stage processes: MPS started before this process's CUDA, or one line saying why not.
+
+Why before JAX: MPS reads CUDA_MPS_PIPE_DIRECTORY when a process creates its
+CUDA context. A process whose context already exists is no MPS client, and its
+kernels time-slice with the MPS server's instead of sharing the SMs. So the
+entry points call `begin` before anything starts JAX's backend: this process
+(the host envs and generation) becomes an MPS client with every SM, and the
+learner process, spawned once the plan is known, gets the plan's SM share
+(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE) and memory fraction (`learner_env`).
+Generation keeps every SM because it is on the rollout's critical path; the
+learner is capped so that its long kernels cannot crowd generation out.
+
+Both processes preallocate GPU memory, so this process's fraction is set here
+too (unless the user set one): XLA's default would take 75% of the GPU before
+the learner process starts.
+
+The daemon is private (its pipes in a fresh temporary directory; see mps.py),
+stopped at exit, and nothing here changes the GPU's compute mode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Callable, MutableMapping
+
+from ebrl.resources import inventory as inventory_lib
+from ebrl.resources import mps
+
+GEN_MEM_FRACTION = 0.4  # This process's share of GPU memory with a learner process beside it.
+LEARNER_MEM_FRACTION = 0.5
+
+
+@dataclasses.dataclass
+class GpuSharing:
+  mode: str  # "mps" (daemon running, this process a client), "time-share" (no SM shares) or "off".
+  note: str  # The one line a run prints about it ("" when off).
+  daemon: Any = None
+
+  def learner_env(self, sm_percent: int, mem_fraction: float = LEARNER_MEM_FRACTION) -> tuple[tuple[str, str], ...]:
+    """The learner process's environment additions: its SM share and memory cap under MPS, else none."""
+    if self.mode != "mps":
+      return ()
+    env = mps.stage_env(sm_percent, mem_fraction, self.daemon.pipe_dir, base={})
+    return tuple(sorted(env.items()))
+
+  def close(self) -> None:
+    if self.daemon is not None:
+      self.daemon.stop()
+
+
+_current: GpuSharing | None = None
+
+
+def current() -> GpuSharing | None:
+  """What `begin` decided in this process, or None if it never ran."""
+  return _current
+
+
+def wanted(cfg) -> bool:
+  """Whether this run may put its learner in a process of its own (MPS would serve it)."""
+  from sim_adapters import is_device_env  # pylint: disable=g-import-not-at-top
+
+  return (cfg.scheduler == "ebrl" and cfg.get("placement", "auto") in ("auto", "processes")
+          and not is_device_env(cfg.env.name))
+
+
+def _jax_backend_started() -> bool:
+  try:
+    from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
+    return bool(xla_bridge.backends_are_initialized())
+  except (ImportError, AttributeError):
+    return False
+
+
+def begin(cfg, status: Callable[[], tuple] | None = None, daemon_factory: Callable[[], Any] = mps.MpsDaemon,
+          environ: MutableMapping[str, str] = os.environ, backend_started: Callable[[], bool] = _jax_backend_started
+          ) -> GpuSharing:
+  """Once per process, before JAX's backend starts: an MPS daemon where a GPU allows one.
+
+  `status()` returns (gpus, MpsStatus) (default: pynvml and PATH, without JAX).
+  """
+  global _current
+  if _current is not None:
+    return _current
+  if not wanted(cfg):
+    _current = GpuSharing("off", "")
+    return _current
+  gpus, mps_status = (status or _status)()
+  if not gpus:
+    _current = GpuSharing("time-share", "[placement] no NVIDIA GPU: stage processes time-share the CPU cores "
+                          "(no SM shares)")
+  elif not mps_status.can_start:
+    _current = GpuSharing("time-share", f"[placement] MPS cannot start ({mps_status.reason}): stage processes "
+                          "time-share the GPU")
+  elif backend_started():
+    _current = GpuSharing("time-share", "[placement] JAX's backend started before MPS could: stage processes "
+                          "time-share the GPU (start the run in a fresh process for SM shares)")
+  else:
+    try:
+      daemon = daemon_factory().start()
+    except (RuntimeError, OSError) as e:
+      _current = GpuSharing("time-share", f"[placement] MPS did not start ({e}): stage processes time-share the GPU")
+    else:
+      environ["CUDA_MPS_PIPE_DIRECTORY"] = daemon.pipe_dir
+      environ["CUDA_MPS_LOG_DIRECTORY"] = daemon.log_dir
+      environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", str(GEN_MEM_FRACTION))
+      _current = GpuSharing("mps", f"[placement] MPS daemon started (pipes in {daemon.pipe_dir}): generation "
+                            "keeps every SM, the learner process gets its share", daemon)
+  return _current
+
+
+def _status() -> tuple:
+  gpus, error = inventory_lib.gpus()
+  return gpus, inventory_lib.mps_status(gpus, error)
+
+
+def learner_sm_percent(requested: int, gen_s_per_step: float, train_s_per_step: float) -> int:
+  """The learner's SM share: `requested` if set (1-100), else its part of the two stages' GPU time
+  per env step, in steps of 5 within [10, 90] (time at full share: a stage's rate scales with SMs)."""
+  if requested:
+    return int(requested)
+  total = gen_s_per_step + train_s_per_step
+  if total <= 0:
+    return 50
+  share = 100.0 * train_s_per_step / total
+  return int(min(90, max(10, 5 * round(share / 5))))

@@ -22,9 +22,13 @@ def parts(small: bool, seconds: float, gpus: int) -> list[dict]:
   panda_envs, mt10_envs = (4, 20) if small else (8192, 160)
   rollout = "--config.rollout_length=2" if small else "--config.rollout_length=16"
   out = [("mjx_panda", *bench("mjx:PandaPickCube", panda_envs, "random,sync,ebrl", (rollout,), 240)),
-         ("mt10_mlp", *bench("MetaWorld/MT10", mt10_envs, "sync,ebrl", ("--resources=auto",))),
+         # Host envs on the CPU cores, the policy on the GPU: the learner beside generation (threads)
+         # and in a process of its own (under MPS where it can start: its SM share).
+         ("mt10_mlp", *bench("MetaWorld/MT10", mt10_envs, "sync,ebrl",
+                             ("--resources=auto", "--placements=threads,processes"), 200)),
          ("mt10_cnn", *bench("MetaWorld/MT10", mt10_envs, "sync,ebrl",
-                             ("--policy=cnn", "--config.env.from_pixels=True", rollout)))]
+                             ("--policy=cnn", "--config.env.from_pixels=True", rollout,
+                              "--placements=threads,processes"), 180))]
   if gpus >= 2:
     out.insert(1, ("mjx_panda_device_split", *bench("mjx:PandaPickCube", panda_envs, "ebrl",
                                                      (rollout, "--config.devices.train=auto",

@@ -214,6 +214,9 @@ def _make(mode: str, profile: Profile, shape: RunShape, layout: dict, groups: in
               placement=placement)
 
 
+PROCESS_GAIN = 1.03  # The predicted speed-up that moves the learner into a process of its own.
+
+
 def placements(profile: Profile) -> tuple[str, ...]:
   """The learner placements a profile can predict: a learner process only where it was measured."""
   return ("threads", "processes") if profile.placement else ("threads",)
@@ -227,17 +230,22 @@ def plan_auto(profile: Profile, cores: tuple[int, ...], shape: RunShape, notes: 
   `fixed` = (groups, recv_batch) and `placement` keep what a running run cannot change (its
   simulators and its learner exist).
   """
-  best, best_key = None, None
+  best: dict[str, Plan] = {}
   for where in ((placement,) if placement else placements(profile)):
+    best_key = None
     for groups, recv in ([fixed] if fixed else _batch_choices(shape, cores)):
       for order, (_, layout) in enumerate(_layouts(cores, render=bool(profile.render))):
         plan = _make("auto", profile, shape, layout, groups, recv, notes, placement=where)
-        key = (round(plan.predicted_env_steps_per_s, 6), -groups, recv, -order, where == "threads")
+        key = (round(plan.predicted_env_steps_per_s, 6), -groups, recv, -order)
         if best_key is None or key > best_key:
-          best, best_key = plan, key
-  if best is None:
+          best[where], best_key = plan, key
+  if not best:
     raise ValueError(f"no feasible plan for {shape.num_envs} envs")
-  return best
+  # A learner process costs a start-up and a second copy of the model: only for a clear gain.
+  if "processes" in best and "threads" in best:
+    gain = best["processes"].predicted_env_steps_per_s / max(best["threads"].predicted_env_steps_per_s, 1e-9)
+    return best["processes"] if gain >= PROCESS_GAIN else best["threads"]
+  return next(iter(best.values()))
 
 
 def naive_layout(cores: tuple[int, ...]) -> dict[str, tuple[int, ...]]:

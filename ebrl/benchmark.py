@@ -346,19 +346,19 @@ def run_bench(spec: BenchSpec, cfg, log: Callable[[str], None] = print) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
 
   from ebrl import runtime
+  from ebrl.resources import gpu_sharing
 
   spec.check()
   base = spec.base_config(cfg)
   entries = spec.entries()
-  for name in entries:  # Every scheduler's config, before anything runs.
-    validation.validate(entry_config(name, base), jax.local_device_count())
-  spec.check_outputs()
-  runtime.enable_compilation_cache()
-  from ebrl.resources import gpu_sharing  # pylint: disable=g-import-not-at-top
   for name in entries:  # Before JAX's backend starts: MPS for an entry's learner process on a GPU.
     if gpu_sharing.wanted(entry_config(name, base)):
       gpu_sharing.begin(entry_config(name, base))
       break
+  for name in entries:  # Every scheduler's config, before anything runs.
+    validation.validate(entry_config(name, base), jax.local_device_count())
+  spec.check_outputs()
+  runtime.enable_compilation_cache()
 
   runs: dict[str, list[dict]] = {name: [] for name in entries}
   with tempfile.TemporaryDirectory(prefix="ebrl-bench-") as tmp:

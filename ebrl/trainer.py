@@ -201,8 +201,9 @@ class Trainer:
     say = tqdm.tqdm.write if progress else (lambda m: None)
     share = f", {sm}% of the SMs" if spec.env else ""
     say(f"[placement] learner in process {remote.pid}" + (f" on cores {cores}" if cores else "") + share)
-    if sharing is None or not sharing.note:  # Started without ebrl.train / launch.train (no MPS attempt).
-      say("[placement] no SM shares (MPS starts only from a fresh ebrl.train): the processes time-share")
+    if sharing is None or not sharing.note:  # placement=auto's choice, or a Trainer built directly.
+      say("[placement] no SM shares (MPS starts before JAX, from ebrl.train with placement=processes): "
+          "the processes time-share")
     else:
       say(sharing.note)
     return remote

@@ -92,8 +92,8 @@ def test_a_daemon_that_fails_to_start_falls_back():
   assert sharing.mode == "time-share" and "permission denied" in sharing.note
 
 
-@pytest.mark.parametrize("cfg", [_cfg(placement="threads"), _cfg(scheduler="sync", placement="auto"),
-                                 _cfg(env="mjx:CartpoleBalance")])
+@pytest.mark.parametrize("cfg", [_cfg(placement="threads"), _cfg(placement="auto"),
+                                 _cfg(scheduler="sync", placement="auto"), _cfg(env="mjx:CartpoleBalance")])
 def test_runs_that_keep_one_process_start_nothing(cfg):
   environ = {}
   sharing = gpu_sharing.begin(cfg, status=lambda: ((_gpu(),), OK), daemon_factory=FakeDaemon, environ=environ,

@@ -58,10 +58,14 @@ def current() -> GpuSharing | None:
 
 
 def wanted(cfg) -> bool:
-  """Whether this run may put its learner in a process of its own (MPS would serve it)."""
+  """Whether this run puts its learner in a process of its own, so MPS would serve it.
+
+  Only placement=processes: with auto the plan is made after JAX has started, and starting MPS
+  for a run that may keep one process would cap its memory at GEN_MEM_FRACTION for nothing.
+  """
   from sim_adapters import is_device_env  # pylint: disable=g-import-not-at-top
 
-  return (cfg.scheduler == "ebrl" and cfg.get("placement", "auto") in ("auto", "processes")
+  return (cfg.scheduler == "ebrl" and cfg.get("placement", "auto") == "processes"
           and not is_device_env(cfg.env.name))
 
 

@@ -351,12 +351,12 @@ def run_bench(spec: BenchSpec, cfg, log: Callable[[str], None] = print) -> dict:
   spec.check()
   base = spec.base_config(cfg)
   entries = spec.entries()
-  for name in entries:  # Before JAX's backend starts: MPS for an entry's learner process on a GPU.
-    if gpu_sharing.wanted(entry_config(name, base)):
-      gpu_sharing.begin(entry_config(name, base))
-      break
-  for name in entries:  # Every scheduler's config, before anything runs.
-    validation.validate(entry_config(name, base), jax.local_device_count())
+  configs = {name: entry_config(name, base) for name in entries}
+  wanting = [c for c in configs.values() if gpu_sharing.wanted(c)]
+  if wanting:  # Before JAX's backend starts: MPS for an entry's learner process on a GPU.
+    gpu_sharing.begin(wanting[0])
+  for entry_cfg in configs.values():  # Every scheduler's config, before anything runs.
+    validation.validate(entry_cfg, jax.local_device_count())
   spec.check_outputs()
   runtime.enable_compilation_cache()
 

@@ -192,14 +192,15 @@ class Trainer:
                               segments_per_update=self.layout.segments_per_update, action_size=self.action_size,
                               train_devices=tuple(self.placement.train), cores=cores)
     sharing = gpu_sharing.current()
-    sm = self._learner_sm_percent(cfg)
+    share = ""
     if sharing is not None and sharing.mode == "mps":
+      sm = self._learner_sm_percent(cfg)
       spec = dataclasses.replace(spec, env=sharing.learner_env(sm))
+      share = f", {sm}% of the SMs"
     remote = RemoteLearner(self.learner, spec)
     if self.resources is not None:
       self.resources.listeners.append(lambda plan: remote.set_cores(plan.cpu_sets["train"]))
     say = tqdm.tqdm.write if progress else (lambda m: None)
-    share = f", {sm}% of the SMs" if spec.env else ""
     say(f"[placement] learner in process {remote.pid}" + (f" on cores {cores}" if cores else "") + share)
     if sharing is None or not sharing.note:  # placement=auto's choice, or a Trainer built directly.
       say("[placement] no SM shares (MPS starts before JAX, from ebrl.train with placement=processes): "

@@ -353,7 +353,7 @@ def measure_placement(learner, sampler, spec, num_envs: int, horizon: int, segme
   import jax
 
   obs = _zeros_obs(spec, num_envs)
-  batch = _segment_batch(spec, horizon, segments, learner.cfg)
+  batch = _segment_batch(spec, horizon, segments)
 
   def one():
     sampler.act(obs, pad=True)
@@ -387,7 +387,7 @@ def measure_placement(learner, sampler, spec, num_envs: int, horizon: int, segme
   return out
 
 
-def _segment_batch(spec, horizon: int, s: int, learner_cfg=None):
+def _segment_batch(spec, horizon: int, s: int):
   from ebrl.types import SegmentBatch
 
   return SegmentBatch(

@@ -145,25 +145,17 @@ class EbrlScheduler:
 
   def _group_loop(self, g: int) -> None:
     adapter, clock, lane = self.groups[g], self.ctx.clock, f"group{g}"
-    self._pin("sim")
-    if self.resources is not None:
-      with self.resources.adopt("sim"):  # Threads the adapter starts on reset (MT10's receivers).
-        adapter.reset()
-    else:
-      adapter.reset()
+    self._start_group(g)
     lockstep = self.gather_all[g]
     while not self._stopping():
       if lockstep:
         # A sync-mode pool takes one send per recv (a second send before the recv mixes up
         # its rows): parked envs' actions go out only with nothing in flight or with a reply.
         if not adapter.can_recv():
-          late = self._take_late(g, block=True)
-          if late is None:
+          if self._send_late(g, block=True):
+            self._starved[g].clear()
+          else:
             self._starved[g].set()
-            continue
-          self._starved[g].clear()
-          with clock.stage("sim", lane=lane):
-            adapter.send(late[1], late[0])
           continue
       else:
         # Envs parked by the staleness bound may leave too few in flight for a recv to
@@ -177,24 +169,12 @@ class EbrlScheduler:
           continue
       self._starved[g].clear()
       with clock.stage("sim", lane=lane):
-        batch = adapter.recv()
-        if lockstep:  # Every env in flight, as the sync scheduler's step gathers them.
-          batches = [batch]
-          while adapter.can_recv():
-            batches.append(adapter.recv())
-          batch = concat_sorted(batches) if len(batches) > 1 else batch
+        batch = self._recv_every_env(adapter) if lockstep else adapter.recv()
       self._ready.put((g, batch))
       reply = self._wait(self._replies[g])
       if reply is None:
         return
-      ids, env_actions = reply
-      late = self._take_late(g, block=False) if lockstep else None
-      if late:
-        ids = np.concatenate([ids, late[0]])
-        env_actions = late[1] if env_actions is None else np.concatenate([env_actions, late[1]])
-      if len(ids):
-        with clock.stage("sim", lane=lane):  # Handing actions over is simulator work too.
-          adapter.send(env_actions, ids)
+      self._send_reply(g, *reply, with_late=lockstep)
 
   def _inline_loop(self) -> None:
     """One fully batched group: simulation and generation on this one thread, as sync's loop has.
@@ -206,40 +186,50 @@ class EbrlScheduler:
     the staleness bound and the deadlock breaker work as with the sampler thread.
     """
     adapter, clock, lane = self.groups[0], self.ctx.clock, "group0"
-    self._pin("sim")
-    if self.resources is not None:
-      with self.resources.adopt("sim"):
-        adapter.reset()
-    else:
-      adapter.reset()
+    self._start_group(0)
     while not self._stopping():
       self._serve_parked()
       if not adapter.can_recv():  # Nothing in flight: parked envs' actions, or wait for room.
-        late = self._take_late(0, block=False)
-        if late is None:
+        if self._send_late(0, block=False):
+          self._starved[0].clear()
+        elif not self._wait_wake():
           # Starved only after a whole poll without a publish: right after one, the next pass
           # grants the room it made (set at once, the breaker would force envs the room covers).
-          if not self._wait_wake():
-            self._starved[0].set()
-          continue
-        self._starved[0].clear()
-        with clock.stage("sim", lane=lane):
-          adapter.send(late[1], late[0])
+          self._starved[0].set()
         continue
       self._starved[0].clear()
       with clock.stage("sim", lane=lane):
-        batches = [adapter.recv()]
-        while adapter.can_recv():
-          batches.append(adapter.recv())
-      self._serve([(0, concat_sorted(batches) if len(batches) > 1 else batches[0])])
-      ids, env_actions = self._replies[0].get_nowait()
-      late = self._take_late(0, block=False)  # A sync-mode pool takes one send per recv: all in it.
-      if late:
-        ids = np.concatenate([ids, late[0]])
-        env_actions = late[1] if env_actions is None else np.concatenate([env_actions, late[1]])
-      if len(ids):
-        with clock.stage("sim", lane=lane):
-          adapter.send(env_actions, ids)
+        batch = self._recv_every_env(adapter)
+      self._serve([(0, batch)])
+      self._send_reply(0, *self._replies[0].get_nowait(), with_late=True)
+
+  def _start_group(self, g: int) -> None:
+    """A group thread's start: pinned to the sim quota, its simulators reset."""
+    self._pin("sim")
+    if self.resources is not None:
+      with self.resources.adopt("sim"):  # Threads the adapter starts on reset (MT10's receivers).
+        self.groups[g].reset()
+    else:
+      self.groups[g].reset()
+
+  @staticmethod
+  def _recv_every_env(adapter) -> StepBatch:
+    """Every env in flight, as the sync scheduler's step gathers them (the fully batched layout)."""
+    batches = [adapter.recv()]
+    while adapter.can_recv():
+      batches.append(adapter.recv())
+    return concat_sorted(batches) if len(batches) > 1 else batches[0]
+
+  def _send_reply(self, g: int, ids: np.ndarray, env_actions: np.ndarray | None, with_late: bool) -> None:
+    """Sends a reply's actions; `with_late` (sync-mode pools, one send per recv) adds every action
+    generated meanwhile for the group's parked envs to the same send."""
+    late = self._take_late(g, block=False) if with_late else None
+    if late:
+      ids = np.concatenate([ids, late[0]])
+      env_actions = late[1] if env_actions is None else np.concatenate([env_actions, late[1]])
+    if len(ids):
+      with self.ctx.clock.stage("sim", lane=f"group{g}"):  # Handing actions over is simulator work too.
+        self.groups[g].send(env_actions, ids)
 
   def _wait_wake(self) -> bool:
     """Waits until the learner publishes (it may have made room for parked envs), at most a poll

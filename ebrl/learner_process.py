@@ -318,8 +318,7 @@ def _serve(spec, learner: Learner, treedef, ring: SegmentRing, slot: ParamSlot, 
     state, metrics = learner.update_segments(state, batch)
     jax.block_until_ready(state)
     ring.release_slot(index)  # The update has read the batch (on a CPU it may have aliased the slot).
-    host = jax.device_get(state)
-    slot.write([np.asarray(x) for x in jax.tree.leaves(host)], int(host.version))
+    slot.write(_state_leaves(state), int(jax.device_get(state.version)))
     conn.send(("updated", {k: np.asarray(v) for k, v in jax.device_get(metrics).items()}))
 
 

@@ -118,6 +118,12 @@ def get_config() -> ml_collections.ConfigDict:
       # placement=processes under MPS: the learner process's SM percentage; 0 = its part of the
       # profiled GPU time per env step (generation keeps every SM).
       learner_sm_percent=0,
+      # placement=processes: the learner process's CPU scheduling. "idle" (SCHED_IDLE) runs it only on
+      # cycles the rollout leaves, so the rollout's sim -> gen chain keeps its speed and the learner
+      # fills its gaps; "normal" competes on equal terms; "auto" = idle where the learner computes on
+      # the CPU, normal on an accelerator (there its host thread only launches kernels, and delaying
+      # those behind a busy simulator would idle the GPU).
+      learner_priority="auto",
   ))
   c.warm_start = ""  # Policy params to start from: a launch.train workdir/checkpoint or a launch.bc --out dir.
   c.resume = False

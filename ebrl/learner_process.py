@@ -73,8 +73,27 @@ class LearnerProcessSpec:
   train_devices: tuple[int, ...] = (0,)  # Local device indices of the learner's mesh.
   cores: tuple[int, ...] = ()  # CPU affinity of the whole child (its XLA pools too); () = inherited.
   env: tuple[tuple[str, str], ...] = ()  # Set before JAX starts there: MPS share, memory fraction.
+  priority: str = "normal"  # "idle": SCHED_IDLE for every thread of the child (see `resolve_priority`).
   # Fault injection (tests, soak runs): a uniform random sleep in [lo, hi] s before each update.
   delay_s: tuple[float, float] = (0.0, 0.0)
+
+
+def resolve_priority(requested: str, platform: str) -> str:
+  """The learner process's CPU priority: `requested` ("normal" / "idle"), or for "auto" idle where
+  the learner computes on the CPU (`platform`, JAX's backend) and normal on an accelerator.
+
+  Why idle on CPUs: the rollout is a chain (simulate, then generate, then simulate) whose gaps
+  leave cores free, while the learner is bulk work that only has to keep within the staleness
+  bound. At equal priority the learner's XLA threads take their share of the cores from the
+  chain and stretch it; under SCHED_IDLE they run only on cycles the chain leaves, and once the
+  learner falls eta versions behind the rollout waits for it, its cores fall idle and the learner
+  gets them: work-conserving, and never worse than the barrier sync puts there. On an
+  accelerator the child's host thread launches kernels; delayed behind a busy simulator, it
+  would leave the GPU idle, so it stays normal there.
+  """
+  if requested != "auto":
+    return requested
+  return "idle" if platform == "cpu" else "normal"
 
 
 def segment_fields(spec: EnvSpec, horizon: int, batch: int, action_size: int) -> dict[str, tuple[tuple, Any]]:
@@ -122,16 +141,20 @@ class RemoteLearner:
     self._slot = ParamSlot.create([np.zeros(x.shape, x.dtype) for x in jax.tree.leaves(template)])
     fields = segment_fields(spec.env_spec, spec.rollout_length, spec.segments_per_update, spec.action_size)
     self._ring = SegmentRing.create(fields, slots=1, mp_context=SPAWN)
+    self._closed = False
+    self._start_child()
+
+  def _start_child(self) -> None:
+    """A child over this learner's ring and state slot, with `self.spec` (its env, cores, priority)."""
     self._conn, child_conn = SPAWN.Pipe()
     self._proc = SPAWN.Process(target=child_main, name="ebrl-learner",
-                               args=(spec, self._ring, self._slot.spec, child_conn, os.getpid()), daemon=True)
+                               args=(self.spec, self._ring, self._slot.spec, child_conn, os.getpid()), daemon=True)
     with _main_module_hidden():
       self._proc.start()
     child_conn.close()
     self.pid = self._proc.pid
     self.child_env: dict[str, str] = {}  # What the child reported of `spec.env` once ready.
     self._last: TrainState | None = None  # The state the child holds (the last one returned).
-    self._closed = False
     self._finalizer = weakref.finalize(self, RemoteLearner._cleanup, self._proc, self._conn, self._ring, self._slot)
 
   # -- the Learner interface ---------------------------------------------------------------
@@ -175,6 +198,19 @@ class RemoteLearner:
     """A re-plan's CPU quota for the learner: every thread of the child moves to it."""
     if not self._closed and self._proc.is_alive():
       self._conn.send(("cores", tuple(int(c) for c in cores)))
+
+  def respawn(self, **changes) -> None:
+    """A new child with the spec's `changes` (env, cores): an MPS share takes effect only when a
+    process creates its CUDA context, so a new share needs a new process. Call it between updates,
+    as the learner thread does after one: nothing is in the ring then, and the next update hands
+    the new child its state (it holds none), so training goes on from the same state and version."""
+    self.check_alive()
+    self._conn.send(("stop",))
+    self._proc.join(timeout=_STOP_S)
+    self._finalizer.detach()
+    RemoteLearner._cleanup(self._proc, self._conn, ring=None, slot=None)
+    self.spec = dataclasses.replace(self.spec, **changes)
+    self._start_child()
 
   def close(self) -> None:
     """Stops the child (killed if it does not exit within 10 s) and removes the shared memory."""
@@ -224,8 +260,10 @@ class RemoteLearner:
         proc.join(timeout=_STOP_S)
     finally:
       conn.close()
-      ring.close()
-      slot.close()
+      if ring is not None:  # A respawn keeps the ring and the slot for the next child.
+        ring.close()
+      if slot is not None:
+        slot.close()
 
 
 @contextlib.contextmanager
@@ -263,6 +301,8 @@ def child_main(spec: LearnerProcessSpec, ring: SegmentRing, slot_spec, conn, par
   """The learner process: builds its learner, then one update per batch until told to stop."""
   signal.signal(signal.SIGINT, signal.SIG_IGN)
   os.environ.update(dict(spec.env))  # Before JAX starts its backend here.
+  if spec.priority == "idle":  # Before XLA's pools start: threads inherit their creator's policy.
+    _on_all_threads(lambda tid: os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0)))
   if spec.cores:
     os.sched_setaffinity(0, spec.cores)  # Every thread started from now on (XLA's pools) inherits it.
   slot = None
@@ -303,7 +343,7 @@ def _serve(spec, learner: Learner, treedef, ring: SegmentRing, slot: ParamSlot, 
       if msg[0] == "stop":
         return
       if msg[0] == "cores":
-        _pin_all_threads(msg[1])
+        _on_all_threads(lambda tid, cores=msg[1]: os.sched_setaffinity(tid, cores))
     item = ring.get(timeout=_POLL_S)
     if item is None:
       continue
@@ -322,9 +362,11 @@ def _serve(spec, learner: Learner, treedef, ring: SegmentRing, slot: ParamSlot, 
     conn.send(("updated", {k: np.asarray(v) for k, v in jax.device_get(metrics).items()}))
 
 
-def _pin_all_threads(cores: tuple[int, ...]) -> None:
+def _on_all_threads(apply) -> None:
+  """`apply(tid)` for every thread of this process (some exist before child_main runs: imports
+  start them), skipping threads that ended meanwhile."""
   for tid in os.listdir("/proc/self/task"):
     try:
-      os.sched_setaffinity(int(tid), cores)
+      apply(int(tid))
     except OSError:
       pass

@@ -30,7 +30,7 @@ from ebrl.checkpointing import Checkpointer
 from ebrl.errors import UserError
 from ebrl.layout import RunLayout
 from ebrl.learner import Learner, LearnerConfig, make_mesh
-from ebrl.learner_process import LearnerProcessSpec, RemoteLearner
+from ebrl.learner_process import LearnerProcessSpec, RemoteLearner, resolve_priority
 from ebrl.param_store import ParamStore, with_value_stats
 from ebrl.resources import gpu_sharing
 from ebrl.sampler import Sampler
@@ -190,18 +190,29 @@ class Trainer:
     spec = LearnerProcessSpec(policy_name=cfg.policy.name, policy_cfg=cfg.policy, env_spec=self.spec,
                               learner_cfg=self.learner.cfg, rollout_length=self.layout.rollout_length,
                               segments_per_update=self.layout.segments_per_update, action_size=self.action_size,
-                              train_devices=tuple(self.placement.train), cores=cores)
+                              train_devices=tuple(self.placement.train), cores=cores,
+                              priority=resolve_priority(cfg.quotas.learner_priority, jax.default_backend()))
     sharing = gpu_sharing.current()
+    mps = sharing is not None and sharing.mode == "mps"
     share = ""
-    if sharing is not None and sharing.mode == "mps":
+    if mps:
       sm = self._learner_sm_percent(cfg)
       spec = dataclasses.replace(spec, env=sharing.learner_env(sm))
       share = f", {sm}% of the SMs"
     remote = RemoteLearner(self.learner, spec)
-    if self.resources is not None:
-      self.resources.listeners.append(lambda plan: remote.set_cores(plan.cpu_sets["train"]))
     say = tqdm.tqdm.write if progress else (lambda m: None)
-    say(f"[placement] learner in process {remote.pid}" + (f" on cores {cores}" if cores else "") + share)
+    if self.resources is not None:
+      def follow(plan) -> None:  # On the learner thread, between updates (ResourceManager.observe).
+        env = sharing.learner_env(plan.learner_sm_percent) if mps and plan.learner_sm_percent else remote.spec.env
+        if env == remote.spec.env:
+          remote.set_cores(plan.cpu_sets["train"])
+        else:
+          remote.respawn(env=env, cores=tuple(plan.cpu_sets["train"]))
+          self.resources.events.append({"t": self.wall_s(), "label": f"learner {plan.learner_sm_percent}% SMs"})
+          say(f"[placement] learner process restarted as {remote.pid} with {plan.learner_sm_percent}% of the SMs")
+      self.resources.listeners.append(follow)
+    say(f"[placement] learner in process {remote.pid}" + (f" on cores {cores}" if cores else "") + share
+        + (", at idle CPU priority" if spec.priority == "idle" else ""))
     if sharing is None or not sharing.note:  # placement=auto's choice, or a Trainer built directly.
       say("[placement] no SM shares (MPS starts before JAX, from ebrl.train with placement=processes): "
           "the processes time-share")
@@ -210,7 +221,10 @@ class Trainer:
     return remote
 
   def _learner_sm_percent(self, cfg) -> int:
-    """The learner process's SM share: the config's, else its part of the profiled GPU time per step."""
+    """The learner process's SM share: the config's, else the plan's (from shares the profile
+    measured), else its part of the profiled GPU time per step."""
+    if not cfg.quotas.learner_sm_percent and self.resources is not None and self.resources.plan.learner_sm_percent:
+      return self.resources.plan.learner_sm_percent
     profile = self.resources.profile if self.resources is not None else None
     if profile is None:
       return gpu_sharing.learner_sm_percent(cfg.quotas.learner_sm_percent, 1.0, 1.0)

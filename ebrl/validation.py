@@ -20,6 +20,7 @@ LR_SCHEDULES = ("constant", "linear")
 CORRECTIONS = ("decoupled_ppo", "vtrace")
 RESOURCE_MODES = ("off", "auto", "naive", "manual")
 PLACEMENTS = ("auto", "threads", "processes")
+LEARNER_PRIORITIES = ("auto", "normal", "idle")
 REWARD_TYPES = ("chunk", "action")  # sim_adapters/chunks.py
 VLA_DECODES = ("parallel", "autoregressive")
 # EnvPool takes int32 seeds, and env groups (seed + 7919 g), MT10's task pools (seed + 1000 k) and
@@ -261,6 +262,8 @@ def _check_resources(cfg, device: bool) -> None:
   sm = q.learner_sm_percent
   if isinstance(sm, bool) or not isinstance(sm, int) or not 0 <= sm <= 100:
     raise UserError(f"quotas.learner_sm_percent={sm!r} must be an integer in [0, 100] (0 = from the profile)")
+  if q.learner_priority not in LEARNER_PRIORITIES:
+    raise UserError(f"unknown quotas.learner_priority '{q.learner_priority}'; valid: {', '.join(LEARNER_PRIORITIES)}")
   if not isinstance(q.sim_threads, int) or q.sim_threads < 0:
     raise UserError(f"quotas.sim_threads={q.sim_threads!r} must be an integer >= 0 (0 = one per sim core)")
   if q.profile and not os.path.isfile(q.profile):

@@ -63,6 +63,8 @@ CASES = {
                                "placement=processes runs the learner of scheduler=ebrl on host envs"),
     "learner_sm_percent_beyond_100": (["--config.quotas.learner_sm_percent=120"],
                                       "quotas.learner_sm_percent=120 must be an integer in [0, 100]"),
+    "unknown_learner_priority": (["--config.quotas.learner_priority=low"],
+                                 "unknown quotas.learner_priority 'low'; valid: auto, normal, idle"),
     "unknown_resources": (["--config.scheduler=ebrl", "--config.resources=greedy"], "valid: off, auto, naive, manual"),
     "resources_for_sync": (["--config.resources=naive"], "scheduler=sync"),
     "manual_without_cores": (["--config.scheduler=ebrl", "--config.resources=manual"], "quotas.sim_cores"),

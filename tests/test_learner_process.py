@@ -171,6 +171,59 @@ def test_the_childs_environment_carries_its_sm_share_and_cores():
     remote.close()
 
 
+def test_an_idle_learner_process_runs_every_thread_under_sched_idle():
+  """priority=idle: the child and every thread it starts (XLA's pools) only get the cycles the
+  rollout leaves; normal leaves the scheduler's default."""
+  local, remote = _learners(priority="idle")
+  _, plain = _learners()
+  try:
+    state = local.init(jax.random.PRNGKey(0))
+    remote.update_segments(state, _batch(0))
+    plain.update_segments(state, _batch(0))
+    tids = os.listdir(f"/proc/{remote.pid}/task")
+    assert len(tids) > 1  # XLA's threads exist by now.
+    assert {os.sched_getscheduler(int(t)) for t in tids} == {os.SCHED_IDLE}
+    assert os.sched_getscheduler(plain.pid) == os.SCHED_OTHER
+  finally:
+    remote.close()
+    plain.close()
+
+
+def test_resolve_priority_is_idle_on_cpu_and_normal_on_an_accelerator():
+  from ebrl.learner_process import resolve_priority  # pylint: disable=g-import-not-at-top
+
+  assert resolve_priority("auto", "cpu") == "idle"
+  assert resolve_priority("auto", "gpu") == "normal"
+  assert resolve_priority("normal", "cpu") == "normal" and resolve_priority("idle", "gpu") == "idle"
+
+
+def test_a_respawned_learner_process_has_its_new_share_and_trains_on_from_the_same_state():
+  """A new SM share needs a new process: the child is replaced between updates and the next update
+  hands it the state, so the updates are those of a learner that never restarted."""
+  share = lambda p: (("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", str(p)),)
+  local, remote = _learners(env=share(40))
+  try:
+    here = local.init(jax.random.PRNGKey(5))
+    there = jax.tree.map(jnp.copy, here)
+    here, _ = local.update_segments(here, _batch(0))
+    there, _ = remote.update_segments(there, _batch(0))
+    first = remote.pid
+    remote.respawn(env=share(70), cores=(0,))
+    assert remote.pid != first and not os.path.exists(f"/proc/{first}/cmdline") or \
+        open(f"/proc/{first}/stat").read().split()[2] == "Z"
+    for i in (1, 2):
+      here, _ = local.update_segments(here, _batch(i, version=i - 1))
+      there, _ = remote.update_segments(there, _batch(i, version=i - 1))
+      _assert_same_state(here, there)
+    assert int(there.version) == 3
+    assert remote.child_env == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "70"}
+    with open(f"/proc/{remote.pid}/status") as f:
+      assert next(l.split(":")[1].strip() for l in f if l.startswith("Cpus_allowed_list")) == "0"
+    assert len(shm.leftover_blocks(os.getpid())) == 2  # The same ring and state slot, no new blocks.
+  finally:
+    remote.close()
+
+
 def test_close_stops_the_child_and_removes_its_shared_memory():
   _, remote = _learners()
   pid = remote.pid
@@ -285,6 +338,36 @@ def test_under_mps_the_trainer_gives_the_learner_process_its_sm_share(tmp_path, 
                                 "XLA_PYTHON_CLIENT_MEM_FRACTION": str(gpu_sharing.LEARNER_MEM_FRACTION),
                                 "XLA_PYTHON_CLIENT_PREALLOCATE": "true"}
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in os.environ
+  finally:
+    trainer.abort()
+
+
+def test_a_new_plan_share_restarts_the_learner_process_under_mps(tmp_path, monkeypatch):
+  """A re-plan whose SM share differs (a demand shift under MPS) restarts the learner process
+  with it, and the run's updates go on; a plan with the same share only moves the cores."""
+  from ebrl.resources import gpu_sharing  # pylint: disable=g-import-not-at-top
+  from ebrl.trainer import Trainer  # pylint: disable=g-import-not-at-top
+
+  daemon = type("Daemon", (), {"pipe_dir": str(tmp_path / "mps-pipe"), "stop": lambda self: None})()
+  monkeypatch.setattr(gpu_sharing, "_current", gpu_sharing.GpuSharing("mps", "[placement] MPS (test)", daemon))
+  cfg = _run_config(10**9)
+  cfg.resources = "naive"  # A plan and its listeners, without a calibration.
+  trainer = Trainer(cfg, str(tmp_path / "run"), progress=False)
+  try:
+    remote = trainer.learner
+    state, _ = remote.update_segments(trainer.state, _run_batch(trainer))
+    first = remote.pid
+    plan = trainer.resources.plan
+    for listener in trainer.resources.listeners:
+      listener(plan)  # Same plan: the same process.
+    assert remote.pid == first
+    for listener in trainer.resources.listeners:
+      listener(plan.replace(learner_sm_percent=65))
+    assert remote.pid != first
+    state, _ = remote.update_segments(state, _run_batch(trainer))
+    assert int(state.version) == 2
+    assert remote.child_env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "65"
+    assert any(e["label"] == "learner 65% SMs" for e in trainer.resources.events)
   finally:
     trainer.abort()
 

@@ -153,16 +153,86 @@ def test_replanning_keeps_what_a_running_run_cannot_change():
   assert plan.stage_cost_us["sim"] == pytest.approx(2 * p.sim_cpu_us(8))
 
 
-def test_gpu_split_maximises_the_slower_stage():
-  # gen needs little SM share (saturates at 30%), train scales linearly: the best MPS split gives
-  # gen just enough.
-  gen = lambda pct: 1e5 * min(pct, 30) / 30
-  train = lambda pct: 2e5 * pct / 100
-  split = planner.plan_gpu_split(gen, train, mps=True, num_gpus=1)
-  assert split.mps and split.sm_percent == {"gen": 30, "train": 70}
-  assert sum(split.mem_fraction.values()) <= 0.95
-  whole = planner.plan_gpu_split(gen, train, mps=False, num_gpus=4)
-  assert not whole.mps and whole.devices == {"gen": (0,), "train": (1, 2, 3)}
+def _chain_cap(p: Profile, groups: int, placement: str = "threads", shape=SHAPE, cores=(0, 1, 2, 3)) -> float:
+  per = shape.num_envs // groups
+  layout = {s: cores for s in ("sim", "gen", "train", "assemble")}
+  return planner.stage_caps(p, layout, len(cores) // groups, groups, per * groups, per, placement,
+                            learner_idle=placement == "processes")["sim"]
+
+
+def test_two_batched_groups_fill_one_groups_generation_with_the_others_simulation_in_the_model():
+  # Sync-mode sim at 100 µs per step on 4 cores (S = n / 40,000 s a group's step); 0.5 ms of
+  # generation per call whatever the batch: one group is the chain S + g, two groups take turns
+  # (max(2 S, S + g, 2 g)), each group receiving all of its envs at the simulator's sync cost
+  # plus the per-call cost the async fit measured, over half the envs.
+  p = synthetic(gen_call=500.0, gen_row=0.0, train_us=0.0)
+  assert planner.groups_batched(64, 2, 32) and planner.groups_batched(64, 1, 64)
+  assert not planner.groups_batched(64, 2, 31)
+  one = _chain_cap(p, 1)
+  two = _chain_cap(p, 2)
+  assert one == pytest.approx(64 / (64 / 40000 + 0.5e-3), rel=1e-6)
+  assert two == pytest.approx(64 / max(2 * 32 / 40000, 32 / 40000 + 0.5e-3, 2 * 0.5e-3), rel=1e-6)
+  assert two > one
+  slow_gen = synthetic(gen_call=3000.0, gen_row=0.0, train_us=0.0)  # 2 g > S + g: generation-bound.
+  assert _chain_cap(slow_gen, 2) == pytest.approx(64 / (2 * 3e-3), rel=1e-6)
+  assert _chain_cap(slow_gen, 2) < _chain_cap(slow_gen, 1)
+  plan = planner._make("auto", p, SHAPE, {s: (0, 1, 2, 3) for s in ("sim", "gen", "train", "assemble")}, 2, 32)
+  assert plan.stage_cost_us["sim"] == pytest.approx(100.0 + 800.0 / 32 - 800.0 / 64)  # Two calls per step.
+  assert p.sim_sync_cpu_us(32) == pytest.approx(plan.stage_cost_us["sim"]) and p.sim_sync_cpu_us() == 100.0
+  assert plan.stage_cost_us["gen"] == pytest.approx(p.gen_cpu_us(32) / 32)  # One call per group.
+  # Scored for a user's manual layout, but no candidate of the auto plan (see _batch_choices).
+  assert all(not (g > 1 and planner.groups_batched(64, g, r)) for g, r in planner._batch_choices(SHAPE, (0, 1, 2, 3)))
+
+
+def test_a_learner_at_the_rollouts_priority_stretches_the_chain_an_idle_one_does_not():
+  # A batched chain with a learner costing 20 of the stages' CPU µs per step: at the rollout's
+  # priority (a thread, or a process at normal priority) it takes that share of the cores from the
+  # chain while it updates; a learner process at idle priority only fills the chain's gaps.
+  p = _with_placement(synthetic(gen_call=3000.0, gen_row=0.0, train_us=20.0), 100.0, 100.0)
+  costs = planner.stage_costs(p, 1, 64, "threads")
+  share = costs["train"] / sum(costs.values())
+  assert _chain_cap(p, 1, "threads") == pytest.approx((1 - share) * _chain_cap(p, 1, "processes"), rel=1e-6)
+  idle = planner.RunShape(**{**SHAPE.__dict__, "learner_priority": "idle"})
+  normal = planner.RunShape(**{**SHAPE.__dict__, "learner_priority": "normal"})
+  layout = {s: (0, 1, 2, 3) for s in ("sim", "gen", "train", "assemble")}
+  at = lambda shape, where: planner._make("auto", p, shape, layout, 1, 64, placement=where).predicted_rates["sim"]
+  assert at(idle, "processes") == pytest.approx(_chain_cap(p, 1, "processes"), rel=1e-6)
+  assert at(normal, "processes") == pytest.approx(at(idle, "threads"), rel=1e-6)
+  assert at(normal, "processes") < at(idle, "processes")
+
+
+def _with_shares(p: Profile, points: list[tuple[int, float, float]]) -> Profile:
+  p.sm_shares = [{"sm_percent": pct, "update_s": u, "gen_us": g} for pct, u, g in points]
+  return p
+
+
+def test_at_learner_share_scales_updates_and_generation_to_the_measured_point():
+  p = _with_shares(synthetic(train_rate=1e5), [(25, 0.04, 300.0), (100, 0.01, 400.0)])
+  at = p.at_learner_share(p.sm_shares[0])
+  assert at.train_rate() == pytest.approx(p.train_rate() / 4)  # 4x the update time of the full share.
+  assert at.gen_wall_us(64) == pytest.approx(300.0) and at.gen_wall_us(8) == pytest.approx(p.gen_wall_us(8) * 300 / p.gen_wall_us(64))
+  # A drift of the learner's cost carries over: the same share on a profile whose updates doubled.
+  slower = p.with_extra("train", 1000 / 1e5 / 1000 * 1e6)  # +10 µs per sample: wall 10 ms -> 20 ms.
+  assert slower.at_learner_share(p.sm_shares[0]).train_rate() == pytest.approx(p.train_rate() / 8)
+
+
+def test_learner_share_is_the_measured_point_the_model_predicts_fastest():
+  shape = planner.RunShape(**{**SHAPE.__dict__, "learner_priority": "idle"})
+  # Updates scale with the share; generation slows as the learner takes more SMs.
+  points = [(25, 0.08, 250.0), (50, 0.04, 260.0), (75, 0.027, 300.0), (100, 0.02, 400.0)]
+  p = _with_placement(_with_shares(synthetic(train_rate=1e5, gen_call=200.0), points), 100.0, 100.0)
+  plan = planner.plan_auto(p, (0, 1, 2, 3), shape, placement="processes")
+  assert planner.learner_share(synthetic(), shape, plan) is None  # No shares measured: none chosen.
+  rates = {pct: planner._make("auto", p.at_learner_share(pt), shape, plan.cpu_sets, plan.num_groups,
+                              plan.recv_batch, threads=plan.sim_threads, placement="processes").predicted_env_steps_per_s
+           for pct, pt in zip((25, 50, 75, 100), p.sm_shares)}
+  percent, rate = planner.learner_share(p, shape, plan)
+  assert rate == pytest.approx(rates[percent]) and rate >= 0.99 * max(rates.values())
+  assert all(rates[q] < 0.99 * max(rates.values()) for q in rates if q < percent)  # Ties: the smaller share.
+  # The learner's cost doubles (a demand shift): it needs a larger share to keep up.
+  heavier = p.with_extra("train", 10.0)
+  bigger, _ = planner.learner_share(heavier, shape, plan)
+  assert bigger > percent
 
 
 def test_with_extra_adds_cpu_per_step_to_one_stage():

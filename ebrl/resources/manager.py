@@ -74,7 +74,7 @@ class ResourceManager:
     if cfg.quotas.profile:
       self.profile = profiler.load(cfg.quotas.profile)
     elif cfg.resources == "auto":
-      self.profile = profiler.load_or_measure(cfg, self.inventory, log=log)
+      self.profile = profiler.load_or_measure(cfg, self.inventory, log=log, mps_pipe_dir=_mps_pipe_dir())
     chosen = None if cfg.get("placement", "auto") == "auto" else cfg.placement  # The user's, else the plan's.
     if cfg.resources == "auto":
       plan = planner.plan_auto(self.profile, cores, self.shape, notes, placement=chosen)
@@ -83,7 +83,7 @@ class ResourceManager:
     else:
       plan = planner.plan_manual(self.shape, manual_layout(cfg, cores), groups, recv, cfg.quotas.sim_threads,
                                  self.profile)
-    self.plan = plan.replace(notes=notes, placement=chosen or plan.placement)
+    self.plan = self._with_learner_share(plan.replace(notes=notes, placement=chosen or plan.placement), self.profile)
     self.bound = (planner.work_conserving_bound(self.profile, cores, self.shape)
                   if self.profile is not None else None)
     self.enforcer = Enforcer(self.plan)
@@ -116,7 +116,8 @@ class ResourceManager:
     quotas = ", ".join(f"{s} {format_cores(p.cpu_sets[s])}" for s in STAGES if s in p.cpu_sets and s != "assemble")
     lines = [f"[resources] {p.mode}: {quotas}; {p.num_groups} group(s), recv {p.recv_batch}, "
              f"gen batch {p.max_gen_batch}, {p.sim_threads} EnvPool thread(s)/pool, learner in "
-             f"{'a process of its own' if p.placement == 'processes' else 'this process'}"]
+             f"{'a process of its own' if p.placement == 'processes' else 'this process'}"
+             + (f" with {p.learner_sm_percent}% of the SMs" if p.learner_sm_percent else "")]
     if math.isfinite(p.predicted_env_steps_per_s):
       lines.append(f"[resources] predicted {p.predicted_env_steps_per_s:,.0f} env steps/s, "
                    f"bottleneck {p.bottleneck}")
@@ -205,7 +206,24 @@ class ResourceManager:
     plan = planner.plan_auto(planning, self.inventory.cpu_cores, self.shape, self.plan.notes,
                              fixed=(self.plan.num_groups, self.plan.recv_batch), placement=self.plan.placement)
     self.bound = planner.work_conserving_bound(self.profile, self.inventory.cpu_cores, self.shape)
-    return plan
+    return self._with_learner_share(plan, planning)
+
+  def _with_learner_share(self, plan: Plan, profile: profiler.Profile | None) -> Plan:
+    """The plan with its learner process's SM share where the profile measured shares under MPS
+    (then a re-plan after a demand shift may choose another; the trainer restarts the learner
+    process with it). The user's quotas.learner_sm_percent, when set, is never overridden."""
+    if plan.placement != "processes" or profile is None or self.cfg.quotas.learner_sm_percent:
+      return plan
+    share = planner.learner_share(profile, self.shape, plan)
+    return plan if share is None else plan.replace(learner_sm_percent=share[0])
+
+
+def _mps_pipe_dir() -> str:
+  """The pipe directory of the MPS daemon this process started (gpu_sharing.begin), else ""."""
+  from ebrl.resources import gpu_sharing  # pylint: disable=g-import-not-at-top
+
+  sharing = gpu_sharing.current()
+  return sharing.daemon.pipe_dir if sharing is not None and sharing.mode == "mps" else ""
 
 
 def attribute_cpu_change(reference: dict[str, float], measured: dict[str, float],

@@ -22,16 +22,6 @@ MODES = ("auto", "naive", "manual")
 
 
 @dataclasses.dataclass(frozen=True)
-class GpuSplit:
-  """How stages share GPUs: an MPS SM percentage and a memory fraction per stage process,
-  or whole devices per stage where MPS is unavailable."""
-  mps: bool
-  sm_percent: dict[str, int]  # Stage -> CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (mps only).
-  mem_fraction: dict[str, float]  # Stage -> XLA_PYTHON_CLIENT_MEM_FRACTION.
-  devices: dict[str, tuple[int, ...]]  # Stage -> GPU indices it runs on.
-
-
-@dataclasses.dataclass(frozen=True)
 class Plan:
   mode: str
   cpu_sets: dict[str, tuple[int, ...]]  # Stage -> cores its threads may run on.
@@ -46,8 +36,8 @@ class Plan:
   predicted_rates: dict[str, float]  # Env steps/s each stage sustains with its quota.
   predicted_env_steps_per_s: float  # The bottleneck stage's rate.
   bottleneck: str
-  gpu: GpuSplit | None = None
   placement: str = "threads"  # The learner beside generation ("threads") or in its own process.
+  learner_sm_percent: int = 0  # Under MPS, the learner process's SM share (planner.learner_share); 0 = none.
   notes: tuple[str, ...] = ()
 
   def to_dict(self) -> dict[str, Any]:
@@ -60,10 +50,7 @@ class Plan:
     d = dict(d)
     d["cpu_sets"] = {k: tuple(v) for k, v in d["cpu_sets"].items()}
     d["notes"] = tuple(d.get("notes", ()))
-    if d.get("gpu"):
-      g = dict(d["gpu"])
-      g["devices"] = {k: tuple(v) for k, v in g["devices"].items()}
-      d["gpu"] = GpuSplit(**g)
+    d.pop("gpu", None)  # Older plans carried an unused GPU split.
     return cls(**d)
 
   def replace(self, **changes) -> "Plan":

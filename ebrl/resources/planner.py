@@ -30,9 +30,9 @@ The *work-conserving bound* is what any schedule could reach with these stage
 costs on these cores: every core busy all the time at the cheapest batching
 (one generation call for all envs), i.e. cores / total cost per step.
 
-On GPUs the same model holds per device: gen and train get an MPS SM share of
-one GPU (or whole GPUs when there are several, or when MPS cannot start), with
-rates scaled by share, and memory fractions that sum below one.
+On a GPU shared by MPS, generation keeps every SM and the learner process gets
+a share: the profile measures the learner's update and generation's call beside
+it at a few shares, and `learner_share` scores each with this same model.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ import math
 from typing import Iterable
 
 from ebrl.layout import RunLayout, envs_per_group
-from ebrl.resources.plan import STAGES, GpuSplit, Plan
-from ebrl.resources.profiler import Profile
+from ebrl.resources.plan import STAGES, Plan
+from ebrl.resources.profiler import Profile, learner_priority
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,18 +56,26 @@ class RunShape:
   num_minibatches: int
   max_wait_ms: float = 1.0
   render_stage: bool = False  # env.render_stage: frames drawn by a stage of their own.
+  learner_priority: str = "normal"  # A learner process's CPU priority ("idle": only the rollout's gaps).
 
   @classmethod
   def from_config(cls, cfg) -> "RunShape":
     return cls(num_envs=cfg.num_envs, multitask=cfg.env.name == "MetaWorld/MT10",
                rollout_length=cfg.rollout_length, segments_per_update=RunLayout.from_config(cfg).segments_per_update,
                num_minibatches=cfg.algorithm.num_minibatches, max_wait_ms=cfg.ebrl.max_wait_ms,
-               render_stage=bool(cfg.env.render_stage))
+               render_stage=bool(cfg.env.render_stage), learner_priority=learner_priority(cfg))
 
 
 def fully_batched(profile: Profile, groups: int, recv_batch: int) -> bool:
   """Whether (groups, recv_batch) is the fully batched layout: one group receiving every env."""
   return groups == 1 and recv_batch >= profile.shape["num_envs"]
+
+
+def groups_batched(num_envs: int, groups: int, recv_batch: int) -> bool:
+  """Whether every group's recv returns all of its envs (sync-mode pools stepping together): the
+  fully batched layout for one group; with several, each group's simulation and generation take
+  turns while the other groups' fill the gap."""
+  return recv_batch >= envs_per_group(num_envs, max(1, groups))
 
 
 def stage_costs(profile: Profile, groups: int, recv_batch: int, placement: str = "threads") -> dict[str, float]:
@@ -76,10 +84,13 @@ def stage_costs(profile: Profile, groups: int, recv_batch: int, placement: str =
   (threads) the rollout's host work pays what the profile measured of sharing the interpreter
   with it, in a learner process each update pays the copies of its batch and state instead."""
   gen_batch = recv_batch * groups
-  sim = profile.sim_sync_cpu_us() if fully_batched(profile, groups, recv_batch) else profile.sim_cpu_us(recv_batch)
+  batched = groups_batched(profile.shape["num_envs"], groups, recv_batch)
+  sim = profile.sim_sync_cpu_us(recv_batch) if batched else profile.sim_cpu_us(recv_batch)
   host = profile.host_slowdown(placement)
+  # Batched groups take turns, so their calls seldom meet in one generation batch.
+  call = recv_batch if batched else gen_batch
   costs = {"sim": sim,
-           "gen": host * profile.gen_cpu_us(gen_batch) / gen_batch,
+           "gen": host * profile.gen_cpu_us(call) / call,
            "train": profile.train_cpu_us_per_step(),
            "assemble": host * profile.assemble_cpu_us(gen_batch) / gen_batch}
   if profile.render:  # Every recv's envs are drawn in one call.
@@ -88,9 +99,16 @@ def stage_costs(profile: Profile, groups: int, recv_batch: int, placement: str =
 
 
 def stage_caps(profile: Profile, cpu_sets: dict[str, tuple[int, ...]], sim_threads: int, pools: int,
-               gen_batch: int, recv_batch: int, placement: str = "threads") -> dict[str, float]:
+               gen_batch: int, recv_batch: int, placement: str = "threads",
+               learner_idle: bool = False) -> dict[str, float]:
   """Each stage's rate limit from its own parallelism, whatever the other stages do (a generation
-  call as long as the profile measured it beside the learner's updates with this placement)."""
+  call as long as the profile measured it beside the learner's updates with this placement).
+
+  Batched groups are a chain (simulate, generate, simulate); a learner at the rollout's priority
+  takes its share of the cores from that chain while it updates (its part of the stages' CPU per
+  step), so the chain runs that much slower; a learner process at idle priority (`learner_idle`)
+  only fills the chain's gaps and leaves it its speed.
+  """
   workers = min(sim_threads * pools, len(cpu_sets["sim"]))
   gen_wall = profile.host_slowdown(placement) * profile.gen_wall_us(gen_batch)
   caps = {"sim": profile.sim_rate(workers),
@@ -99,9 +117,19 @@ def stage_caps(profile: Profile, cpu_sets: dict[str, tuple[int, ...]], sim_threa
           "assemble": math.inf}
   if profile.render:  # One draw at a time, whichever group it serves.
     caps["render"] = recv_batch * 1e6 / max(profile.render_wall_us(recv_batch), 1e-9)
-  if fully_batched(profile, gen_batch // max(recv_batch, 1), recv_batch):
-    # Simulation and generation take turns: each step costs both stages' wall time.
-    caps["sim"] = 1e6 / (1e6 / max(caps["sim"], 1e-9) + gen_wall / gen_batch)
+  groups = gen_batch // max(recv_batch, 1)
+  if groups_batched(profile.shape["num_envs"], groups, recv_batch):
+    # Within a group simulation and generation take turns; the groups' turns interleave. With S a
+    # group's step on the whole simulator and g one generation call for its envs, every group has
+    # stepped once after max(groups x S, S + g, groups x g): one group alone is the chain S + g;
+    # two fill one's generation with the other's simulation.
+    step_s = recv_batch / max(caps["sim"], 1e-9)
+    call_s = profile.host_slowdown(placement) * profile.gen_wall_us(recv_batch) * 1e-6
+    chain = gen_batch / max(groups * step_s, step_s + call_s, groups * call_s)
+    if not learner_idle:
+      costs = stage_costs(profile, groups, recv_batch, placement)
+      chain *= 1.0 - costs["train"] / max(sum(costs.values()), 1e-9)
+    caps["sim"] = chain
   return caps
 
 
@@ -160,7 +188,13 @@ def _group_choices(shape: RunShape) -> list[int]:
 
 
 def _batch_choices(shape: RunShape, cores: tuple[int, ...]) -> list[tuple[int, int]]:
-  """Every (groups, recv batch) the planner scores: the async grid, then the fully batched layout."""
+  """Every (groups, recv batch) the planner scores: the async grid, then the fully batched layout.
+
+  Not among them: several groups that each receive all their envs. The model scores them (a user
+  may set them with resources=manual), but a run pays more than a profile of the simulator alone
+  shows: MetaWorld/MT10 with 160 envs in two such groups spent 307 CPU µs per env step against
+  261 for one group (the profile's sync-mode sim cost at 80 envs: +4%), and ran 0.94x sync.
+  """
   choices = []
   for groups in _group_choices(shape):
     per_group = envs_per_group(shape.num_envs, groups)
@@ -200,7 +234,8 @@ def _make(mode: str, profile: Profile, shape: RunShape, layout: dict, groups: in
   threads = threads or auto_threads
   gen_batch = recv * groups
   costs = stage_costs(profile, groups, recv, placement)
-  caps = stage_caps(profile, layout, threads, pools, gen_batch, recv, placement)
+  caps = stage_caps(profile, layout, threads, pools, gen_batch, recv, placement,
+                    learner_idle=placement == "processes" and shape.learner_priority == "idle")
   rates, e2e, bottleneck = predict(costs, layout, caps)
   sim = layout["sim"]
   contiguous = list(sim) == list(range(sim[0], sim[0] + len(sim)))
@@ -305,28 +340,22 @@ def work_conserving_bound(profile: Profile, cores: tuple[int, ...], shape: RunSh
   return {"env_steps_per_s": rate, "cpu_us_per_step": total, **{f"{k}_us": v for k, v in costs.items()}}
 
 
-def plan_gpu_split(gen_share_rate, train_share_rate, mps: bool, num_gpus: int,
-                   mem_need: dict[str, float] | None = None, step: int = 5) -> GpuSplit:
-  """SM shares of one GPU for gen and train under MPS (maximising the slower of the two), or
-  whole GPUs per stage without MPS / with several GPUs.
+def learner_share(profile: Profile, shape: RunShape, plan: Plan) -> tuple[int, float] | None:
+  """The learner process's SM share under MPS for `plan`: of the shares the profile measured, the
+  one whose predicted rate is highest ((percent, rate); ties within 1% go to the smaller share,
+  which leaves generation the most), or None where no shares were measured.
 
-  `*_share_rate(percent)` give a stage's env steps/s at an SM percentage (from profiles);
-  `mem_need` the fraction of GPU memory each stage needs (split keeps their sum under 0.95).
+  Each measured share is a profile of its own (Profile.at_learner_share: updates as long as at
+  that share, generation calls as long as beside them), scored by the same model as every plan,
+  so a share is chosen for what it does to the run's rate, not to one stage's.
   """
-  need = mem_need or {"gen": 0.3, "train": 0.5}
-  if num_gpus >= 2 or not mps:
-    gen_dev = (0,)
-    train_dev = tuple(range(1, num_gpus)) if num_gpus >= 2 else (0,)
-    frac = {"gen": 0.95, "train": 0.95} if num_gpus >= 2 else _mem_split(need)
-    return GpuSplit(mps=False, sm_percent={}, mem_fraction=frac, devices={"gen": gen_dev, "train": train_dev})
-  rates = lambda p: (gen_share_rate(p), train_share_rate(100 - p))
-  # The slower stage first; among ties, the split that leaves the faster one the most.
-  best = max(range(step, 100, step), key=lambda p: (min(rates(p)), sum(rates(p))))
-  return GpuSplit(mps=True, sm_percent={"gen": best, "train": 100 - best}, mem_fraction=_mem_split(need),
-                  devices={"gen": (0,), "train": (0,)})
-
-
-def _mem_split(need: dict[str, float]) -> dict[str, float]:
-  total = sum(need.values())
-  scale = min(1.0, 0.95 / total) if total > 0 else 1.0
-  return {k: round(v * scale, 3) for k, v in need.items()}
+  if not profile.sm_shares:
+    return None
+  scored = []
+  for point in profile.sm_shares:
+    at = profile.at_learner_share(point)
+    rate = _make(plan.mode, at, shape, plan.cpu_sets, plan.num_groups, plan.recv_batch,
+                 threads=plan.sim_threads, placement="processes").predicted_env_steps_per_s
+    scored.append((int(point["sm_percent"]), rate))
+  top = max(rate for _, rate in scored)
+  return min((p, rate) for p, rate in scored if rate >= 0.99 * top)

@@ -31,7 +31,7 @@ from ebrl.resources.inventory import Inventory
 _WARMUP_S = 0.2
 
 
-PROFILE_VERSION = 3  # Bumped when what a profile measures changes: older cached files are measured again.
+PROFILE_VERSION = 4  # Bumped when what a profile measures changes: older cached files are measured again.
 
 
 def run_shape(cfg) -> dict[str, Any]:
@@ -43,7 +43,17 @@ def run_shape(cfg) -> dict[str, Any]:
           "hidden": [int(h) for h in cfg.policy.hidden], "rollout_length": int(cfg.rollout_length),
           "segments_per_update": int(RunLayout.from_config(cfg).segments_per_update),
           "epochs": int(cfg.algorithm.epochs), "num_minibatches": int(cfg.algorithm.num_minibatches),
-          "correction": cfg.algorithm.correction}
+          "correction": cfg.algorithm.correction,
+          # What the placement probe's learner process ran at (it slows generation beside it or not).
+          "learner_priority": learner_priority(cfg)}
+
+
+def learner_priority(cfg) -> str:
+  """The learner process's CPU priority this run would get (learner_process.resolve_priority)."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from ebrl.learner_process import resolve_priority  # pylint: disable=g-import-not-at-top
+  return resolve_priority(cfg.quotas.get("learner_priority", "auto"), jax.default_backend())
 
 
 @dataclasses.dataclass
@@ -70,6 +80,10 @@ class Profile:
   # run back to back beside it: {batch, alone_us, threads_us, processes_us} wall µs per call, the
   # updates in a thread of this process or in a learner process. None: not measured.
   placement: dict[str, float] | None = None
+  # Under MPS: the learner process at a few SM shares, {sm_percent, update_s, gen_us}: wall seconds
+  # per update with that share, and wall µs of a generation call for every env (this process, every
+  # SM) while those updates run. None: not measured (no MPS).
+  sm_shares: list[dict[str, float]] | None = None
   measured_s: float = 0.0
 
   # -- what the planner reads --------------------------------------------------
@@ -89,10 +103,16 @@ class Profile:
     call, step = np.polyfit(x, y, 1)  # cost = step + call / batch, least squares over async points.
     return float(max(step, 0.0) + max(call, 0.0) / batch)
 
-  def sim_sync_cpu_us(self) -> float:
-    """CPU µs per env step stepping every env at once (the cheapest batching there is)."""
+  def sim_sync_cpu_us(self, batch: int | None = None) -> float:
+    """CPU µs per env step stepping every env at once (the cheapest batching there is); with
+    `batch`, stepping sync-mode pools of `batch` of the envs together (batched groups): the
+    per-call cost the async fit measured, over fewer envs."""
     most = max(p["cores"] for p in self.sim)
-    return min(p["cpu_us_per_step"] for p in self.sim if p["cores"] == most and p["batch"] == self.shape["num_envs"])
+    n = self.shape["num_envs"]
+    full = min(p["cpu_us_per_step"] for p in self.sim if p["cores"] == most and p["batch"] == n)
+    if batch is None or batch >= n:
+      return full
+    return full + max(0.0, self.sim_cpu_us(batch) - self.sim_cpu_us(n))
 
   def sim_rate(self, cores: float) -> float:
     """Env steps/s the simulator alone reaches on `cores` cores (linear between points)."""
@@ -155,6 +175,21 @@ class Profile:
     if not p or placement == "processes":
       return 1.0
     return max(1.0, p["threads_us"] / max(p["processes_us"], 1e-9))
+
+  def at_learner_share(self, point: dict[str, float]) -> "Profile":
+    """This profile as it stands with the learner process at one measured SM share: its updates
+    take that point's time (scaled as this profile's own updates are, so a drifted train cost
+    carries over) and generation calls that point's time beside them."""
+    d = json.loads(json.dumps(self.to_dict()))
+    full = max(self.sm_shares or [point], key=lambda p: p["sm_percent"])
+    train_scale = point["update_s"] / max(full["update_s"], 1e-12)
+    for p in d["train"]:
+      p["wall_s"] *= train_scale
+    n = int(self.shape["num_envs"])
+    gen_scale = point["gen_us"] / max(self.gen_wall_us(n), 1e-9)
+    for p in d["gen"]:
+      p["wall_us"] *= gen_scale
+    return Profile.from_dict(d)
 
   def to_dict(self) -> dict[str, Any]:
     return dataclasses.asdict(self)
@@ -343,48 +378,82 @@ def measure_train(learner, spec, horizon: int, segments: list[int], seconds: flo
   return out
 
 
+def _beside(update_learner, batch, one: Callable[[], int], seconds: float) -> tuple[float, float]:
+  """(wall µs per `one()` call, wall seconds per update) while `update_learner` updates on `batch`
+  back to back in a thread, as a run's learner thread drives it (the first update, compiling, is
+  not timed)."""
+  import threading
+
+  import jax
+
+  stop, box, done = threading.Event(), [update_learner.init(jax.random.PRNGKey(0))], [0, 0.0]
+
+  def loop():
+    while not stop.is_set():
+      t0 = time.perf_counter()
+      box[0], _ = update_learner.update_segments(box[0], batch)
+      jax.block_until_ready(box[0])
+      done[0], done[1] = done[0] + 1, done[1] + time.perf_counter() - t0
+
+  box[0], _ = update_learner.update_segments(box[0], batch)
+  th = threading.Thread(target=loop, daemon=True)
+  th.start()
+  try:
+    _, wall, _, calls = _timed(one, seconds)
+    while done[0] == 0 and th.is_alive():  # At least one timed update, however long it takes.
+      one()
+  finally:
+    stop.set()
+    th.join()
+  return wall * 1e6 / calls, done[1] / max(done[0], 1)
+
+
+def _gen_call(sampler, spec, num_envs: int) -> Callable[[], int]:
+  obs = _zeros_obs(spec, num_envs)
+
+  def one():
+    sampler.act(obs, pad=True)
+    return 1
+  return one
+
+
 def measure_placement(learner, sampler, spec, num_envs: int, horizon: int, segments: int, seconds: float,
                       remote_factory: Callable[[], Any]) -> dict[str, float]:
   """Wall µs of one generation call for every env: alone, beside updates
   looping in a thread, and beside the same updates in a learner process (`remote_factory()` makes
   a RemoteLearner; its updates are driven from a thread here, as a run drives them)."""
-  import threading
-
-  import jax
-
-  obs = _zeros_obs(spec, num_envs)
   batch = _segment_batch(spec, horizon, segments)
-
-  def one():
-    sampler.act(obs, pad=True)
-    return 1
-
-  def beside(update_learner) -> float:
-    stop, box = threading.Event(), [update_learner.init(jax.random.PRNGKey(0))]
-
-    def loop():
-      while not stop.is_set():
-        box[0], _ = update_learner.update_segments(box[0], batch)
-        jax.block_until_ready(box[0])
-
-    box[0], _ = update_learner.update_segments(box[0], batch)  # Compiled before the clock starts.
-    th = threading.Thread(target=loop, daemon=True)
-    th.start()
-    try:
-      _, wall, _, calls = _timed(one, seconds)
-    finally:
-      stop.set()
-      th.join()
-    return wall * 1e6 / calls
-
+  one = _gen_call(sampler, spec, num_envs)
   _, wall, _, calls = _timed(one, seconds)
-  out = {"batch": num_envs, "alone_us": wall * 1e6 / calls, "threads_us": beside(learner)}
+  out = {"batch": num_envs, "alone_us": wall * 1e6 / calls, "threads_us": _beside(learner, batch, one, seconds)[0]}
   remote = remote_factory()
   try:
-    out["processes_us"] = beside(remote)
+    out["processes_us"] = _beside(remote, batch, one, seconds)[0]
   finally:
     remote.close()
   return out
+
+
+SM_SHARES = (25, 50, 75, 100)  # The learner process's SM percentages the MPS profile measures.
+
+
+def measure_sm_shares(sampler, spec, num_envs: int, horizon: int, segments: int, seconds: float,
+                      remote_at: Callable[[int], Any], shares: tuple[int, ...] = SM_SHARES) -> list[dict[str, float]]:
+  """The learner process at each SM share (`remote_at(percent)` starts one with that
+  CUDA_MPS_ACTIVE_THREAD_PERCENTAGE): its time per update, and a generation call's time here
+  beside it. Both move with the share: the learner's kernels get fewer SMs, and generation's
+  compete with fewer of the learner's."""
+  batch = _segment_batch(spec, horizon, segments)
+  one = _gen_call(sampler, spec, num_envs)
+  points = []
+  for percent in shares:
+    remote = remote_at(percent)
+    try:
+      gen_us, update_s = _beside(remote, batch, one, seconds)
+    finally:
+      remote.close()
+    points.append({"sm_percent": int(percent), "update_s": update_s, "gen_us": gen_us})
+  return points
 
 
 def _segment_batch(spec, horizon: int, s: int):
@@ -439,8 +508,9 @@ def _pow2_upto(n: int) -> list[int]:
 
 
 def measure(cfg, inventory: Inventory, *, policy=None, spec=None, full: bool = False,
-            seconds: float = 0.5, log=print, placement_probe: bool = True) -> Profile:
-  """Calibrates every stage for this run's shapes (about 10-20 s; `full` adds update sizes)."""
+            seconds: float = 0.5, log=print, placement_probe: bool = True, mps_pipe_dir: str = "") -> Profile:
+  """Calibrates every stage for this run's shapes (about 10-20 s; `full` adds update sizes; with
+  `mps_pipe_dir`, a running MPS daemon's, the learner process at each of SM_SHARES too)."""
   import jax
 
   from ebrl.learner import Learner
@@ -489,18 +559,28 @@ def measure(cfg, inventory: Inventory, *, policy=None, spec=None, full: bool = F
   log(f"[profile] train: {[s * cfg.rollout_length for s in sizes]} samples per update")
   train = measure_train(learner, spec, cfg.rollout_length, sizes, max(seconds, 1.0))
   assemble = measure_assemble(spec, n, cfg.rollout_length, sorted({8, 32, n}), seconds / 2)
-  placement = None
-  if placement_probe:
+  placement = sm_shares = None
+  if placement_probe or mps_pipe_dir:
     from ebrl.learner_process import LearnerProcessSpec, RemoteLearner
+    from ebrl.resources import mps
 
-    log("[profile] placement: generation beside updates in a thread, then in a learner process")
     remote_spec = LearnerProcessSpec(policy_name=cfg.policy.name, policy_cfg=cfg.policy, env_spec=spec,
                                      learner_cfg=learner.cfg, rollout_length=cfg.rollout_length,
-                                     segments_per_update=segments, action_size=spec.action_dim)
-    placement = measure_placement(learner, sampler, spec, n, cfg.rollout_length, segments, max(seconds, 1.0),
-                                  lambda: RemoteLearner(learner, remote_spec))
+                                     segments_per_update=segments, action_size=spec.action_dim,
+                                     priority=learner_priority(cfg))
+    if placement_probe:
+      log("[profile] placement: generation beside updates in a thread, then in a learner process")
+      placement = measure_placement(learner, sampler, spec, n, cfg.rollout_length, segments, max(seconds, 1.0),
+                                    lambda: RemoteLearner(learner, remote_spec))
+    if mps_pipe_dir:
+      from ebrl.resources.gpu_sharing import LEARNER_MEM_FRACTION
+
+      log(f"[profile] SM shares: the learner process at {list(SM_SHARES)}% of the SMs under MPS")
+      at = lambda p: RemoteLearner(learner, dataclasses.replace(remote_spec, env=tuple(sorted(
+          mps.stage_env(p, LEARNER_MEM_FRACTION, mps_pipe_dir, base={}).items()))))
+      sm_shares = measure_sm_shares(sampler, spec, n, cfg.rollout_length, segments, max(seconds, 1.0), at)
   prof = Profile(fingerprint=inventory.fingerprint(), shape=run_shape(cfg), sim=sim, gen=gen, train=train,
-                 assemble=assemble, render=render, placement=placement)
+                 assemble=assemble, render=render, placement=placement, sm_shares=sm_shares)
   prof.measured_s = time.perf_counter() - t0
   return prof
 
@@ -528,7 +608,8 @@ def load_or_measure(cfg, inventory: Inventory, log=print, **kwargs) -> Profile:
   if os.path.exists(path):
     try:
       p = load(path)
-      if p.fingerprint == inventory.fingerprint() and p.shape == run_shape(cfg):
+      wants_shares = bool(kwargs.get("mps_pipe_dir")) and not p.sm_shares  # Cached before MPS ran.
+      if p.fingerprint == inventory.fingerprint() and p.shape == run_shape(cfg) and not wants_shares:
         log(f"[profile] reusing {path}")
         return p
     except (OSError, ValueError, TypeError, KeyError):

@@ -20,17 +20,25 @@ def _tiny(env="MetaWorld/Reach-v3", n=4):
 
 
 def test_calibration_runs_in_a_child_and_is_cached(tmp_path, monkeypatch):
+  """Calibrated in a child, then reused. Under MPS (a running daemon's pipe directory, faked: no GPU
+  here, so the shares change only the learner processes' environment) the child also starts a
+  learner process at each share of SM_SHARES and times its updates and a generation call beside."""
   monkeypatch.setenv("EBRL_PROFILE_CACHE", str(tmp_path))
   cfg, inv, said = _tiny(), take_inventory(), []
-  p = profiler.load_or_measure(cfg, inv, log=said.append, seconds=0.05)
+  pipe = str(tmp_path / "mps-pipe")
+  p = profiler.load_or_measure(cfg, inv, log=said.append, seconds=0.05, mps_pipe_dir=pipe)
   assert p.fingerprint == inv.fingerprint() and p.shape == profiler.run_shape(cfg)
   assert {q["batch"] for q in p.sim} >= {4} and all(q["env_steps_per_s"] > 0 for q in p.sim)
   assert {q["batch"] for q in p.gen} == {1, 2, 4} and all(q["wall_us"] > 0 for q in p.gen)
   assert p.train[0]["samples"] == 4 * 8 and p.train[0]["wall_s"] > 0
   assert p.sim_cpu_us(2) > 0 and p.train_rate() > 0
+  assert [q["sm_percent"] for q in p.sm_shares] == list(profiler.SM_SHARES)
+  assert all(q["update_s"] > 0 and q["gen_us"] > 0 for q in p.sm_shares)
+  assert p.at_learner_share(p.sm_shares[0]).train_rate() > 0
   assert any("separate process" in s for s in said)
-  again = profiler.load_or_measure(cfg, inv, log=said.append)  # Same machine and shapes: reused.
+  again = profiler.load_or_measure(cfg, inv, log=said.append, mps_pipe_dir=pipe)  # Same machine and shapes.
   assert again == p and said[-1].startswith("[profile] reusing")
+  assert profiler.load_or_measure(cfg, inv, log=said.append) == p  # Shares measured serve a run without MPS too.
 
 
 def test_a_failed_calibration_says_so(tmp_path, monkeypatch):

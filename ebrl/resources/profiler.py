@@ -577,7 +577,7 @@ def measure(cfg, inventory: Inventory, *, policy=None, spec=None, full: bool = F
 
       log(f"[profile] SM shares: the learner process at {list(SM_SHARES)}% of the SMs under MPS")
       at = lambda p: RemoteLearner(learner, dataclasses.replace(remote_spec, env=tuple(sorted(
-          mps.stage_env(p, LEARNER_MEM_FRACTION, mps_pipe_dir, base={}).items()))))
+          {**mps.stage_env(p, LEARNER_MEM_FRACTION, mps_pipe_dir, base={}), **ON_DEMAND_GPU_MEMORY}.items()))))
       sm_shares = measure_sm_shares(sampler, spec, n, cfg.rollout_length, segments, max(seconds, 1.0), at)
   prof = Profile(fingerprint=inventory.fingerprint(), shape=run_shape(cfg), sim=sim, gen=gen, train=train,
                  assemble=assemble, render=render, placement=placement, sm_shares=sm_shares)
@@ -623,7 +623,14 @@ def load_or_measure(cfg, inventory: Inventory, log=print, **kwargs) -> Profile:
   return p
 
 
+ON_DEMAND_GPU_MEMORY = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+
+
 def _measure_child(cfg_json: str, out: str, cache_dir: str | None, kwargs: dict[str, Any]) -> None:
+  # On a GPU the run's process already holds its preallocated fraction while it calibrates: this
+  # process and the learner processes it starts take memory as they need it (set before JAX's
+  # backend starts here; the learner processes inherit it).
+  os.environ.update(ON_DEMAND_GPU_MEMORY)
   import jax  # pylint: disable=g-import-not-at-top
   import ml_collections  # pylint: disable=g-import-not-at-top
 

@@ -205,10 +205,8 @@ class RemoteLearner:
     as the learner thread does after one: nothing is in the ring then, and the next update hands
     the new child its state (it holds none), so training goes on from the same state and version."""
     self.check_alive()
-    self._conn.send(("stop",))
-    self._proc.join(timeout=_STOP_S)
     self._finalizer.detach()
-    RemoteLearner._cleanup(self._proc, self._conn, ring=None, slot=None)
+    RemoteLearner._cleanup(self._proc, self._conn, ring=None, slot=None)  # Stop, join; the memory stays.
     self.spec = dataclasses.replace(self.spec, **changes)
     self._start_child()
 

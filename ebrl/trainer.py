@@ -30,9 +30,9 @@ from ebrl.checkpointing import Checkpointer
 from ebrl.errors import UserError
 from ebrl.layout import RunLayout
 from ebrl.learner import Learner, LearnerConfig, make_mesh
-from ebrl.learner_process import LearnerProcessSpec, RemoteLearner, resolve_priority
+from ebrl.learner_process import LearnerProcessSpec, RemoteLearner
 from ebrl.param_store import ParamStore, with_value_stats
-from ebrl.resources import gpu_sharing
+from ebrl.resources import gpu_sharing, profiler
 from ebrl.sampler import Sampler
 from ebrl.scheduler import make_scheduler
 from ebrl.scheduler.context import RunContext, RunLog
@@ -191,7 +191,7 @@ class Trainer:
                               learner_cfg=self.learner.cfg, rollout_length=self.layout.rollout_length,
                               segments_per_update=self.layout.segments_per_update, action_size=self.action_size,
                               train_devices=tuple(self.placement.train), cores=cores,
-                              priority=resolve_priority(cfg.quotas.learner_priority, jax.default_backend()))
+                              priority=profiler.learner_priority(cfg))
     sharing = gpu_sharing.current()
     mps = sharing is not None and sharing.mode == "mps"
     share = ""

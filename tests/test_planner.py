@@ -156,8 +156,10 @@ def test_replanning_keeps_what_a_running_run_cannot_change():
 def _chain_cap(p: Profile, groups: int, placement: str = "threads", shape=SHAPE, cores=(0, 1, 2, 3)) -> float:
   per = shape.num_envs // groups
   layout = {s: cores for s in ("sim", "gen", "train", "assemble")}
+  costs = planner.stage_costs(p, groups, per, placement)
+  take = 0.0 if placement == "processes" else costs["train"] / sum(costs.values())  # An idle learner process.
   return planner.stage_caps(p, layout, len(cores) // groups, groups, per * groups, per, placement,
-                            learner_idle=placement == "processes")["sim"]
+                            learner_take=take)["sim"]
 
 
 def test_two_batched_groups_fill_one_groups_generation_with_the_others_simulation_in_the_model():

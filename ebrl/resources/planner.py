@@ -68,7 +68,7 @@ class RunShape:
 
 def fully_batched(profile: Profile, groups: int, recv_batch: int) -> bool:
   """Whether (groups, recv_batch) is the fully batched layout: one group receiving every env."""
-  return groups == 1 and recv_batch >= profile.shape["num_envs"]
+  return groups == 1 and groups_batched(profile.shape["num_envs"], 1, recv_batch)
 
 
 def groups_batched(num_envs: int, groups: int, recv_batch: int) -> bool:
@@ -100,17 +100,18 @@ def stage_costs(profile: Profile, groups: int, recv_batch: int, placement: str =
 
 def stage_caps(profile: Profile, cpu_sets: dict[str, tuple[int, ...]], sim_threads: int, pools: int,
                gen_batch: int, recv_batch: int, placement: str = "threads",
-               learner_idle: bool = False) -> dict[str, float]:
+               learner_take: float = 0.0) -> dict[str, float]:
   """Each stage's rate limit from its own parallelism, whatever the other stages do (a generation
   call as long as the profile measured it beside the learner's updates with this placement).
 
   Batched groups are a chain (simulate, generate, simulate); a learner at the rollout's priority
-  takes its share of the cores from that chain while it updates (its part of the stages' CPU per
-  step), so the chain runs that much slower; a learner process at idle priority (`learner_idle`)
-  only fills the chain's gaps and leaves it its speed.
+  takes its share of the cores from that chain while it updates, `learner_take` (its part of the
+  stages' CPU per step), so the chain runs that much slower; a learner process at idle priority
+  only fills the chain's gaps (learner_take 0).
   """
   workers = min(sim_threads * pools, len(cpu_sets["sim"]))
-  gen_wall = profile.host_slowdown(placement) * profile.gen_wall_us(gen_batch)
+  host = profile.host_slowdown(placement)
+  gen_wall = host * profile.gen_wall_us(gen_batch)
   caps = {"sim": profile.sim_rate(workers),
           "gen": gen_batch * 1e6 / max(gen_wall, 1e-9),
           "train": profile.train_rate(),
@@ -124,12 +125,8 @@ def stage_caps(profile: Profile, cpu_sets: dict[str, tuple[int, ...]], sim_threa
     # stepped once after max(groups x S, S + g, groups x g): one group alone is the chain S + g;
     # two fill one's generation with the other's simulation.
     step_s = recv_batch / max(caps["sim"], 1e-9)
-    call_s = profile.host_slowdown(placement) * profile.gen_wall_us(recv_batch) * 1e-6
-    chain = gen_batch / max(groups * step_s, step_s + call_s, groups * call_s)
-    if not learner_idle:
-      costs = stage_costs(profile, groups, recv_batch, placement)
-      chain *= 1.0 - costs["train"] / max(sum(costs.values()), 1e-9)
-    caps["sim"] = chain
+    call_s = host * profile.gen_wall_us(recv_batch) * 1e-6
+    caps["sim"] = (1.0 - learner_take) * gen_batch / max(groups * step_s, step_s + call_s, groups * call_s)
   return caps
 
 
@@ -234,8 +231,9 @@ def _make(mode: str, profile: Profile, shape: RunShape, layout: dict, groups: in
   threads = threads or auto_threads
   gen_batch = recv * groups
   costs = stage_costs(profile, groups, recv, placement)
+  idle = placement == "processes" and shape.learner_priority == "idle"
   caps = stage_caps(profile, layout, threads, pools, gen_batch, recv, placement,
-                    learner_idle=placement == "processes" and shape.learner_priority == "idle")
+                    learner_take=0.0 if idle else costs["train"] / max(sum(costs.values()), 1e-9))
   rates, e2e, bottleneck = predict(costs, layout, caps)
   sim = layout["sim"]
   contiguous = list(sim) == list(range(sim[0], sim[0] + len(sim)))

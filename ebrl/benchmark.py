@@ -252,9 +252,10 @@ def run_one(name: str, base_cfg, workdir: str, warmup_updates: int, seconds: flo
     result["resources"] = {"mode": plan.mode, "plan": plan.to_dict(), "placement": trainer.stage_placement,
                            "predicted_env_steps_per_s": plan.predicted_env_steps_per_s,
                            "replans": trainer.resources.controller.replans if trainer.resources.controller else 0,
-                           "bound": trainer.resources.bound,
-                           "overlap_probes": [dataclasses.asdict(r) for r in (trainer.resources.overlap.results
-                                                                              if trainer.resources.overlap else ())]}
+                           "bound": trainer.resources.bound}
+  if trainer.overlap is not None:  # Host plans and device simulators alike.
+    result.setdefault("resources", {"mode": trainer.cfg.resources})["overlap_probes"] = [
+        dataclasses.asdict(r) for r in trainer.overlap.results]
   summary = trainer.finish()
   result["force_started"] = int(summary.get("force_started", 0))
   result["stale_dropped"] = int(summary.get("stale_dropped", 0))
@@ -320,9 +321,10 @@ def table_lines(out: dict) -> list[str]:
                  + f"{r['work_conserving_env_steps_per_s']:>12,.0f}{r['force_started']:>8}{r['stale_dropped']:>7}")
   for name, r in results.items():
     if r.get("resources"):
-      pred = r["resources"]["predicted_env_steps_per_s"]
-      lines.append(f"{name}: predicted {pred:,.0f} env steps/s, measured/predicted "
-                   f"{r['e2e_env_steps_per_s'] / pred:.3f}, re-plans {r['resources']['replans']}")
+      if "predicted_env_steps_per_s" in r["resources"]:
+        pred = r["resources"]["predicted_env_steps_per_s"]
+        lines.append(f"{name}: predicted {pred:,.0f} env steps/s, measured/predicted "
+                     f"{r['e2e_env_steps_per_s'] / pred:.3f}, re-plans {r['resources']['replans']}")
       for probe in r["resources"].get("overlap_probes", ()):
         chosen = "overlap" if probe["admission"] else "barrier"
         lines.append(f"{name}: at {probe['t']:.1f} s, overlapped {probe['overlapped_env_steps_per_s']:,.0f} vs barrier "

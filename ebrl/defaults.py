@@ -97,7 +97,8 @@ def get_config() -> ml_collections.ConfigDict:
   # How the ebrl scheduler's stages get cores and batch sizes (ebrl/resources/):
   # off = the ebrl.* sizes, every thread on every core; auto = profile, plan and re-plan
   # on drift; naive = equal split of the cores between sim, gen and train, no feedback;
-  # manual = the quotas below. Other schedulers keep their fixed layout.
+  # manual = the quotas below. Other schedulers keep their fixed layout. On a device simulator
+  # only auto applies: it probes overlap against a barrier (ebrl/resources/overlap.py).
   # Local devices per stage (ebrl/resources/devices.py): "" default (train on all, generate on device
   # 0, a device simulator on all), "auto", a count ("2"), or indices ("0,1"; stages may share).
   c.devices = ml_collections.ConfigDict(dict(gen="", train="", sim=""))
@@ -109,7 +110,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.quotas = ml_collections.ConfigDict(dict(
       profile="",  # profile.json to plan from (launch.profile); "" = measured at start, cached.
       control_interval_s=5.0,  # resources=auto: controller window; 0 = no runtime feedback.
-      overlap_probe_s=1.0,  # resources=auto, fully batched plan: A/B windows of overlap vs barrier; 0 = off.
+      overlap_probe_s=1.0,  # resources=auto, fully batched plan or device sim: A/B windows of overlap vs barrier; 0 = off.
       sim_cores="",  # resources=manual: core lists like "0-3".
       gen_cores="",
       train_cores="",

@@ -18,6 +18,7 @@ import math
 import os
 import threading
 import time
+from typing import Callable
 
 import jax
 import numpy as np
@@ -33,6 +34,7 @@ from ebrl.learner import Learner, LearnerConfig, make_mesh
 from ebrl.learner_process import LearnerProcessSpec, RemoteLearner
 from ebrl.param_store import ParamStore, with_value_stats
 from ebrl.resources import gpu_sharing, profiler
+from ebrl.resources.overlap import OverlapSwitch
 from ebrl.sampler import Sampler
 from ebrl.scheduler import make_scheduler
 from ebrl.scheduler.context import RunContext, RunLog
@@ -105,12 +107,13 @@ class Trainer:
     self.env_seed = launch_env_seed(cfg.seed, int(resume_meta["env_steps"]) if resume_meta else 0)
     device_env = is_device_env(cfg.env.name)
     self.resources = None  # The ebrl scheduler's ResourceManager (host envs).
-    if cfg.scheduler == "ebrl" and cfg.resources != "off":
+    if cfg.scheduler == "ebrl" and cfg.resources != "off" and not device_env:
       from ebrl.resources.manager import ResourceManager
       try:
         self.resources = ResourceManager(cfg, log=tqdm.tqdm.write if progress else (lambda m: None))
       except ValueError as e:
         raise UserError(str(e)) from None
+    self.overlap = self._overlap_switch(cfg, device_env, tqdm.tqdm.write if progress else (lambda m: None))
     self.layout = RunLayout.from_config(cfg, self.resources.plan if self.resources else None, device_env)
     self.placement = self._placement(cfg, device_env)
     self.tracer = Tracer()
@@ -177,6 +180,21 @@ class Trainer:
     self.stage_placement = self._stage_placement(cfg)
     if self.stage_placement == "processes":  # Last: nothing after it can fail and leave the child.
       self.learner = self._learner_process(cfg, progress)
+
+  def _overlap_switch(self, cfg, device_env: bool, say: Callable[[str], None]) -> OverlapSwitch | None:
+    """Overlap or a barrier, measured on the run (ebrl/resources/overlap.py): the resource manager's
+    on host envs; on a device simulator (no stages to place) resources=auto probes only that."""
+    if self.resources is not None:
+      return self.resources.overlap
+    if not (device_env and cfg.scheduler == "ebrl" and cfg.resources == "auto"):
+      return None
+    if cfg.ebrl.max_staleness < 1 or cfg.quotas.overlap_probe_s <= 0:
+      say(f"[resources] auto on '{cfg.env.name}': nothing to choose (the device simulator fuses sim and "
+          f"generation; max_staleness={cfg.ebrl.max_staleness}, quotas.overlap_probe_s={cfg.quotas.overlap_probe_s})")
+      return None
+    say(f"[resources] auto on '{cfg.env.name}': the device simulator fuses sim and generation in XLA's threads; "
+        "overlap against a barrier is probed on the run")
+    return OverlapSwitch(cfg.ebrl.max_staleness, cfg.quotas.overlap_probe_s, say)
 
   def _stage_placement(self, cfg) -> str:
     """threads or processes: the config's, or with placement=auto the plan's (threads without one)."""
@@ -272,7 +290,8 @@ class Trainer:
         log=RunLog(add_env_steps=self.add_env_steps, after_update=self.after_update, should_stop=self.should_stop,
                    note_force_started=self.note_force_started),
         host_envs=self.host_envs, device_sim=self.device_sim, seed=cfg.seed, env_seed=self.env_seed,
-        max_staleness=cfg.ebrl.max_staleness, max_wait_s=cfg.ebrl.max_wait_ms / 1000.0, resources=self.resources)
+        max_staleness=cfg.ebrl.max_staleness, max_wait_s=cfg.ebrl.max_wait_ms / 1000.0, resources=self.resources,
+        overlap=self.overlap)
 
   def train(self, total_env_steps: int | None = None) -> None:
     """Runs the config's scheduler from the current state until the budget (default the config's)
@@ -332,7 +351,7 @@ class Trainer:
     """plots/controller.png: throughput against the plan's prediction, shifts and re-plans marked."""
     from ebrl.telemetry.shift_plot import demand_shift
 
-    events = list(self.resources.events)
+    events = list(self.resources.events) + (list(self.overlap.events) if self.overlap is not None else [])
     shifted = self.host_envs[0].shifted_at if self.cfg.env.shift_sim_us else None  # Every group shifts at once.
     if shifted is not None:
       events.append({"t": self.prior_wall_s + shifted - self.launch_time,
@@ -439,6 +458,8 @@ class Trainer:
         self.time_to_success_s = self.wall_s()  # A window restored at the target (resume).
         self.env_steps_to_success = self.env_steps
     self._last_metrics = metrics
+    if self.overlap is not None:
+      self.overlap.observe(self.env_steps, self.wall_s(), self.tracer)
     if self.resources is not None:
       self.resources.observe(self.env_steps, self.clock.snapshot(), self.wall_s(), self.tracer)
     for hook in self.update_hooks:
@@ -483,6 +504,7 @@ class Trainer:
         **({"sim_steps": self.sim_steps()} if self.cfg.policy.chunk_size > 1 else {}),
         **metrics,
         **(self.resources.metrics() if self.resources is not None else {}),
+        **(self.overlap.metrics() if self.overlap is not None else {}),
     }
     self.writer.write(row)
     self._last_log = (now, self.env_steps)

@@ -252,9 +252,12 @@ def _check_placement(cfg, device: bool) -> None:
 def _check_resources(cfg, device: bool) -> None:
   if cfg.resources not in RESOURCE_MODES:
     raise UserError(f"unknown resources '{cfg.resources}'; valid: {', '.join(RESOURCE_MODES)}")
-  if cfg.resources != "off" and (cfg.scheduler != "ebrl" or device):
-    raise UserError(f"resources={cfg.resources} places the stages of scheduler=ebrl on host envs; "
+  if cfg.resources != "off" and cfg.scheduler != "ebrl":
+    raise UserError(f"resources={cfg.resources} places the stages of scheduler=ebrl; "
                     f"scheduler={cfg.scheduler} on '{cfg.env.name}' keeps its fixed layout (use resources=off)")
+  if cfg.resources in ("naive", "manual") and device:
+    raise UserError(f"resources={cfg.resources} splits CPU cores between host-env stages; the device simulator "
+                    f"'{cfg.env.name}' fuses sim and generation on its devices (use resources=auto or off)")
   q = cfg.quotas
   if q.control_interval_s < 0:
     raise UserError(f"quotas.control_interval_s={q.control_interval_s!r} must be >= 0 (0 = no runtime feedback)")

@@ -74,6 +74,41 @@ def test_ebrl_device_run_trains_within_the_staleness_bound(eta, tmp_path):
   assert (tmp_path / "plots" / "timeline.png").is_file() and (tmp_path / "checkpoints").is_dir()
 
 
+def test_resources_auto_probes_overlap_on_device_groups_and_a_barrier_holds(tmp_path):
+  """resources=auto on a device simulator: the device groups' queue follows the probe's windows
+  (admission 0, 2, 0), the probe reports both rates on the timeline and in the metrics, every
+  sample stays within eta, and once a barrier has held for a few updates every update trains
+  on its own params' data (lag 0: no group collected while an update ran)."""
+  cfg = _cfg(10**9, 2)
+  cfg.resources, cfg.quotas.overlap_probe_s = "auto", 0.3
+  trainer = Trainer(cfg, str(tmp_path), progress=False)
+  assert trainer.resources is None and trainer.overlap is not None  # Nothing to place, only the probe.
+  scheduler = make_scheduler("ebrl", trainer.run_context())
+  admissions, per_update = [], []
+  trainer.overlap.listeners.insert(0, admissions.append)
+  # pylint: disable=protected-access
+  trainer.update_hooks.append(lambda t: per_update.append((scheduler.queue.admission,
+                                                            int(t._last_metrics["staleness_max"]))))
+  trainer.update_hooks.append(lambda t: scheduler._stop.set() if t.overlap.results else None)
+  # pylint: enable=protected-access
+  scheduler.run(trainer.state, cfg.total_env_steps)
+  trainer.finish()
+  result = trainer.overlap.results[0]
+  assert admissions[:3] == [0, 2, 0]
+  assert result.overlapped_env_steps_per_s > 0 and result.barrier_env_steps_per_s > 0
+  assert scheduler.queue.admission == result.admission
+  assert max(lag for _, lag in per_update) <= 2
+  # Batches started before the switch drain within eta + 1 updates; after them, a barrier's.
+  settled = [lag for i, (_, lag) in enumerate(per_update)
+             if i >= 4 and all(a == 0 for a, _ in per_update[i - 4:i])]
+  assert settled and max(settled) == 0
+  rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert rows[-1]["overlap_admission"] == result.admission
+  trace = json.loads((tmp_path / "trace.json").read_text())
+  probes = [e for e in trace["traceEvents"] if e.get("name") == "overlap_probe"]
+  assert probes and probes[0]["args"]["admission"] == result.admission
+
+
 def test_resumed_run_keeps_the_bound(tmp_path):
   """Capacity counts from the resumed version, not from 0: no burst of stale batches."""
   _run(_cfg(256, 1), tmp_path)

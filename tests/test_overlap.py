@@ -61,6 +61,25 @@ def test_settling_steps_after_a_switch_are_not_counted():
   assert results[0].overlapped_env_steps_per_s == pytest.approx(9_000.0, rel=0.05)
 
 
+def test_a_window_counts_only_after_the_old_settings_segments_drain():
+  """Slow updates (0.4 s) and eta = 2: right after a switch the next eta + 1 updates train on
+  segments the old setting admitted and no env step is taken under the new one. A window that
+  counted from settle_s alone would measure the drain (0 env steps/s for the barrier here)."""
+  probe = OverlapProbe(2, window_s=1.0, settle_s=0.25, reprobe_s=100.0)
+  state = {"last": None, "updates": 0}
+
+  def rate(a):
+    if a != state["last"]:
+      state["last"], state["updates"] = a, 0
+    state["updates"] += 1
+    return 0.0 if state["updates"] <= 3 else (9_000.0 if a else 10_000.0)
+
+  _, results = _feed(probe, rate, 30.0, dt=0.4)
+  assert results[0].barrier_env_steps_per_s == pytest.approx(10_000.0, rel=0.02)
+  assert results[0].overlapped_env_steps_per_s == pytest.approx(9_000.0, rel=0.02)
+  assert results[0].admission == 0
+
+
 def test_the_probe_repeats_and_follows_a_shift():
   probe = OverlapProbe(1, window_s=0.5, reprobe_s=5.0)
   shifted = {"on": False}
@@ -115,7 +134,8 @@ def test_an_ebrl_run_probes_overlap_and_keeps_the_staleness_bound(tmp_path):
   assert (mgr.plan.num_groups, mgr.plan.recv_batch) == (1, 8) and mgr.overlap is not None
   scheduler = make_scheduler("ebrl", trainer.run_context())
   admissions, staleness = [], []
-  mgr.admission_listeners.insert(0, admissions.append)
+  assert trainer.overlap is mgr.overlap  # The trainer feeds it; the queue listens.
+  mgr.overlap.listeners.insert(0, admissions.append)
   trainer.update_hooks.append(lambda t: staleness.append(int(t._last_metrics["staleness_max"])))  # pylint: disable=protected-access
   trainer.update_hooks.append(lambda t: scheduler._stop.set() if mgr.overlap.results else None)  # pylint: disable=protected-access
   scheduler.run(trainer.state, cfg.total_env_steps)

@@ -25,7 +25,7 @@ from ebrl.resources import planner, profiler
 from ebrl.resources.controller import CPU, Controller, Decision, Telemetry
 from ebrl.resources.enforce import MESA_THREAD_PREFIX, Enforcer, format_cores, parse_cores
 from ebrl.resources.inventory import Inventory, take_inventory
-from ebrl.resources.overlap import OverlapProbe
+from ebrl.resources.overlap import OverlapSwitch
 from ebrl.resources.plan import STAGES, Plan
 
 
@@ -97,12 +97,11 @@ class ResourceManager:
     # the run becomes the sync schedule. Async groups under a barrier park envs a few at a time,
     # leave too few in flight for a recv, and need the deadlock breaker (CartpoleBalance-v1, 32 envs
     # in one group of recv 30: 57 segments force-started, 0.39x sync).
+    # The trainer feeds it after every update and the scheduler's queue listens.
     self.overlap = None
-    self.admission_listeners: list[Callable[[int], None]] = []  # Told each admission (the queue).
     if (cfg.resources == "auto" and cfg.quotas.overlap_probe_s > 0 and cfg.ebrl.max_staleness >= 1
         and planner.fully_batched(self.profile, self.plan.num_groups, self.plan.recv_batch)):
-      self.overlap = OverlapProbe(cfg.ebrl.max_staleness, window_s=cfg.quotas.overlap_probe_s,
-                                  settle_s=cfg.quotas.overlap_probe_s / 4)
+      self.overlap = OverlapSwitch(cfg.ebrl.max_staleness, cfg.quotas.overlap_probe_s, log)
     self._t0 = time.time()
     self._mesa_threads = 0
     self.events: list[dict] = []  # {"t": run wall_s, "label"} for the controller plot.
@@ -128,10 +127,6 @@ class ResourceManager:
 
   def metrics(self) -> dict:
     out = {"resources_predicted_env_steps_per_s": self.plan.predicted_env_steps_per_s}
-    if self.overlap is not None and self.overlap.results:
-      last = self.overlap.results[-1]
-      out.update(overlap_admission=last.admission, overlap_overlapped_env_steps_per_s=last.overlapped_env_steps_per_s,
-                 overlap_barrier_env_steps_per_s=last.barrier_env_steps_per_s)
     if self.controller is not None:
       out.update(self.controller.metrics())
     return out
@@ -153,8 +148,6 @@ class ResourceManager:
       # Mesa's rasterizer threads appear with the first draw (on the render thread, whose cores
       # they inherit); recorded so that a re-plan moves them with it.
       self._mesa_threads = self.enforcer.pin_named("render", MESA_THREAD_PREFIX)
-    if self.overlap is not None:
-      self._probe_overlap(env_steps, wall_s, tracer)
     if self.controller is None:
       return None
     cpu = os.times()
@@ -172,20 +165,6 @@ class ResourceManager:
       self.log(f"[resources] re-plan: {decision.reason}; now predicting "
                f"{self.plan.predicted_env_steps_per_s:,.0f} env steps/s, bottleneck {self.plan.bottleneck}")
     return decision
-
-  def _probe_overlap(self, env_steps: int, wall_s: float, tracer) -> None:
-    before = self.overlap.admission
-    result = self.overlap.observe(time.time() - self._t0, env_steps)
-    if self.overlap.admission != before:
-      for listener in self.admission_listeners:
-        listener(self.overlap.admission)
-    if result is not None:
-      line = result.line(self.overlap.max_staleness)
-      self.events.append({"t": wall_s, "label": "overlap" if result.admission else "barrier"})
-      tracer.instant("overlap_probe", {"overlapped_env_steps_per_s": result.overlapped_env_steps_per_s,
-                                       "barrier_env_steps_per_s": result.barrier_env_steps_per_s,
-                                       "admission": result.admission})
-      self.log(f"[resources] {line}")
 
   def _replan(self, measured: dict[str, float]) -> Plan:
     """Adds the measured change in CPU per env step to the stages that moved, then re-plans what

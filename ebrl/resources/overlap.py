@@ -14,16 +14,31 @@ schedule). Either keeps every sample within `max_staleness`, so choosing never
 touches what the learner may train on; nothing is rebuilt, so it is cheap to try.
 
 The probe: after `start_after` updates (compiles done), alternate the two
-settings in windows of `window_s` (A B A B, so a drift of the machine hits both
-alike), count env steps from `settle_s` after each switch to the window's end,
-and keep the barrier only if it was faster by more than `margin`; repeat every
-`reprobe_s`, since the balance moves when the workload does. Pure logic: the
-caller feeds (time, env steps) after every update and applies `admission`.
+settings in windows (A B A B, so a drift of the machine hits both alike). A
+window settles first, for `settle_s` and for `max_staleness + 1` updates: the
+segments admitted under the old setting drain through that many updates (a
+device group's batch is a whole group, so on mjx:CartpoleBalance with 256 envs
+draining took most of a one-second window, whose barrier then counted 0 env
+steps/s). Env steps are counted over `window_s - settle_s` from there, and the
+barrier is kept only if it was faster by more than `margin`; the probe repeats
+every `reprobe_s`, since the balance moves when the workload does. OverlapProbe is
+pure logic (fed (time, env steps), it says the admission); OverlapSwitch is a
+run's side of it: fed after every update, it tells the queue each change and
+puts the results on the timeline and in the log.
+
+Who probes: resources=auto on a fully batched host plan (ebrl/resources/manager.py),
+and scheduler=ebrl on a device simulator with resources=auto, where simulation
+and generation run fused in XLA's threads and nothing is left to place: two
+XLA programs sharing the cores can run slower side by side than one after
+the other, as the learner-bound mjx:CartpoleBalance with 256 envs does on 2
+cores.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
+from typing import Callable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,12 +66,14 @@ class OverlapProbe:
       raise ValueError(f"max_staleness={max_staleness}: with no overlap allowed there is nothing to probe")
     self.max_staleness = max_staleness
     self.window_s, self.settle_s, self.start_after = window_s, settle_s, start_after
+    self.settle_updates = max_staleness + 1  # Updates that drain what the old setting admitted.
     self.reprobe_s, self.margin = reprobe_s, margin
     self.admission = max_staleness
     self.results: list[ProbeResult] = []
     self._updates = 0
     self._window = -1  # Index into PATTERN while probing; -1 between probes.
     self._window_start = 0.0
+    self._window_updates = 0  # Updates since the window began.
     self._mark: tuple[float, int] | None = None  # (t, env steps) once the window has settled.
     self._rates: list[tuple[bool, float]] = []
     self._next_probe = None
@@ -71,13 +88,14 @@ class OverlapProbe:
         return None
       self._begin(0, t)
       return None
+    self._window_updates += 1
     if self._mark is None:
-      if t - self._window_start >= self.settle_s:
+      if t - self._window_start >= self.settle_s and self._window_updates >= self.settle_updates:
         self._mark = (t, env_steps)
       return None
-    if t - self._window_start < self.window_s:
-      return None
     t0, s0 = self._mark
+    if t - t0 < self.window_s - self.settle_s:
+      return None
     self._rates.append((self.PATTERN[self._window], (env_steps - s0) / max(t - t0, 1e-9)))
     if self._window + 1 < len(self.PATTERN):
       self._begin(self._window + 1, t)
@@ -85,7 +103,7 @@ class OverlapProbe:
     return self._decide(t)
 
   def _begin(self, window: int, t: float) -> None:
-    self._window, self._window_start, self._mark = window, t, None
+    self._window, self._window_start, self._mark, self._window_updates = window, t, None, 0
     self.admission = self.max_staleness if self.PATTERN[window] else 0
 
   def _decide(self, t: float) -> ProbeResult:
@@ -101,3 +119,40 @@ class OverlapProbe:
   @property
   def probing(self) -> bool:
     return self._window >= 0
+
+
+class OverlapSwitch:
+  """A run's probe: fed after every update, it tells `listeners` (the queue's set_admission) each
+  admission change, and marks each result on the timeline (`events`, the tracer) and in the log."""
+
+  def __init__(self, max_staleness: int, window_s: float, log: Callable[[str], None] = print):
+    self.probe = OverlapProbe(max_staleness, window_s=window_s, settle_s=window_s / 4)
+    self.listeners: list[Callable[[int], None]] = []
+    self.events: list[dict] = []  # {"t": run wall_s, "label"} for the controller plot.
+    self._log = log
+    self._t0 = time.time()
+
+  @property
+  def results(self) -> list[ProbeResult]:
+    return self.probe.results
+
+  def observe(self, env_steps: int, wall_s: float, tracer) -> None:
+    before = self.probe.admission
+    result = self.probe.observe(time.time() - self._t0, env_steps)
+    if self.probe.admission != before:
+      for listener in self.listeners:
+        listener(self.probe.admission)
+    if result is None:
+      return
+    self.events.append({"t": wall_s, "label": "overlap" if result.admission else "barrier"})
+    tracer.instant("overlap_probe", {"overlapped_env_steps_per_s": result.overlapped_env_steps_per_s,
+                                     "barrier_env_steps_per_s": result.barrier_env_steps_per_s,
+                                     "admission": result.admission})
+    self._log(f"[resources] {result.line(self.probe.max_staleness)}")
+
+  def metrics(self) -> dict:
+    if not self.results:
+      return {}
+    last = self.results[-1]
+    return {"overlap_admission": last.admission, "overlap_overlapped_env_steps_per_s": last.overlapped_env_steps_per_s,
+            "overlap_barrier_env_steps_per_s": last.barrier_env_steps_per_s}

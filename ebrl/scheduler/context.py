@@ -56,6 +56,7 @@ class RunContext:
   max_staleness: int = 0  # ebrl: eta, the bound on a sample's policy lag.
   max_wait_s: float = 0.001  # ebrl on host envs: the longest a generation batch waits to fill.
   resources: Any = None  # ebrl.resources.manager.ResourceManager, or None.
+  overlap: Any = None  # ebrl.resources.overlap.OverlapSwitch: the queue listens for its admission; or None.
 
 
 def update_and_publish(ctx: RunContext, state: TrainState, batch, *, segments: bool = False, lane: str | None = None,

@@ -105,6 +105,8 @@ class DeviceEbrlScheduler:
     if segments % per_group:  # ebrl/validation.py rejects this first; kept for direct construction.
       raise ValueError(f"ebrl.segments_per_update={segments} must be a multiple of the {per_group} envs per group")
     self.queue = TrajectoryQueue(segments // per_group, ctx.max_staleness)
+    if ctx.overlap is not None:  # resources=auto: overlap or a barrier, as the run measures it.
+      ctx.overlap.listeners.append(self.queue.set_admission)
     lc = ctx.learner.cfg
     self.collect = make_segment_collect(self.sim, ctx.policy, ctx.layout.rollout_length, lc.gamma, lc.reward_scale)
     self.reset_key, self.key = device_keys(ctx.seed, ctx.env_seed)

@@ -93,8 +93,8 @@ class EbrlScheduler:
       self._apply_plan(self.resources.plan)
       self.resources.listeners.append(self._apply_plan)
     self.queue = TrajectoryQueue(layout.segments_per_update, ctx.max_staleness)
-    if self.resources is not None:  # Overlap or a barrier, as the resource manager measures it.
-      self.resources.admission_listeners.append(self.queue.set_admission)
+    if ctx.overlap is not None:  # Overlap or a barrier, as the run measures it.
+      ctx.overlap.listeners.append(self.queue.set_admission)
     self.assembler = TrajectoryAssembler(ctx.spec, layout.num_envs, layout.rollout_length,
                                          lambda seg: self.queue.put(seg, seg.start_version, seg.forced),
                                          ctx.action_size)

@@ -87,8 +87,24 @@ def test_the_probe_repeats_and_follows_a_shift():
   _, first = _feed(probe, rate, 4.0)
   assert [r.admission for r in first] == [0]
   shifted["on"] = True
-  _, later = _feed(probe, rate, 12.0)
+  _, later = _feed(probe, rate, 20.0)
   assert later and later[-1].admission == 1
+
+
+def test_a_long_probe_rests_four_times_its_length():
+  """Slow updates make a long probe; the next starts no sooner than 4 probe lengths after it
+  ends (reprobe_s is the floor), so probing stays within a fifth of the run."""
+  probe = OverlapProbe(2, window_s=1.0, reprobe_s=5.0)
+  starts, t, steps = [], 0.0, 0
+  while t < 400.0:
+    t, steps = t + 1.0, steps + 10_000
+    was = probe.probing
+    probe.observe(t, steps)
+    if probe.probing and not was:
+      starts.append(t)
+  length = probe.results[0].t - starts[0]
+  assert length >= 4 * 3.0  # Four windows of at least eta + 1 = 3 one-second updates.
+  assert len(starts) >= 2 and starts[1] - probe.results[0].t >= 4 * length - 1.0
 
 
 def test_nothing_to_probe_without_staleness():

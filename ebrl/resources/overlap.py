@@ -21,7 +21,10 @@ device group's batch is a whole group, so on mjx:CartpoleBalance with 256 envs
 draining took most of a one-second window, whose barrier then counted 0 env
 steps/s). Env steps are counted over `window_s - settle_s` from there, and the
 barrier is kept only if it was faster by more than `margin`; the probe repeats
-every `reprobe_s`, since the balance moves when the workload does. OverlapProbe is
+every `reprobe_s`, since the balance moves when the workload does, but never
+sooner than REST times its own length after it: with updates 2.3 s apart
+(MetaWorld/MT10, 160 envs, T = 128) a probe takes about 30 s, half of it in the
+slower setting, and one every minute would cost more than it finds. OverlapProbe is
 pure logic (fed (time, env steps), it says the admission); OverlapSwitch is a
 run's side of it: fed after every update, it tells the queue each change and
 puts the results on the timeline and in the log.
@@ -59,6 +62,7 @@ class OverlapProbe:
   """A/B windows of admission staleness max_staleness (overlap) and 0 (barrier)."""
 
   PATTERN = (True, False, True, False)  # Overlapped?, per window.
+  REST = 4.0  # The next probe starts at least REST probe lengths after one ends (<= 20% probing).
 
   def __init__(self, max_staleness: int, *, window_s: float = 1.0, settle_s: float = 0.25,
                start_after: int = 3, reprobe_s: float = 60.0, margin: float = 0.02):
@@ -77,6 +81,7 @@ class OverlapProbe:
     self._mark: tuple[float, int] | None = None  # (t, env steps) once the window has settled.
     self._rates: list[tuple[bool, float]] = []
     self._next_probe = None
+    self._probe_start = 0.0
 
   def observe(self, t: float, env_steps: int) -> ProbeResult | None:
     """After every update; returns a result when a probe ends (then `admission` is its choice)."""
@@ -86,6 +91,7 @@ class OverlapProbe:
         self._next_probe = t
       if self._next_probe is None or t < self._next_probe:
         return None
+      self._probe_start = t
       self._begin(0, t)
       return None
     self._window_updates += 1
@@ -113,7 +119,8 @@ class OverlapProbe:
     self.admission = 0 if barrier > over * (1.0 + self.margin) else self.max_staleness
     result = ProbeResult(t, over, barrier, self.admission)
     self.results.append(result)
-    self._window, self._rates, self._next_probe = -1, [], t + self.reprobe_s
+    rest = max(self.reprobe_s, self.REST * (t - self._probe_start))
+    self._window, self._rates, self._next_probe = -1, [], t + rest
     return result
 
   @property

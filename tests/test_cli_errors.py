@@ -67,6 +67,8 @@ CASES = {
                                  "unknown quotas.learner_priority 'low'; valid: auto, normal, idle"),
     "unknown_resources": (["--config.scheduler=ebrl", "--config.resources=greedy"], "valid: off, auto, naive, manual"),
     "resources_for_sync": (["--config.resources=naive"], "scheduler=sync"),
+    "naive_on_device_sim": (["--config.env.name=mjx:CartpoleBalance", "--config.scheduler=ebrl",
+                             "--config.resources=naive"], "(use resources=auto or off)"),
     "manual_without_cores": (["--config.scheduler=ebrl", "--config.resources=manual"], "quotas.sim_cores"),
     "manual_cores_not_usable": (["--config.scheduler=ebrl", "--config.resources=manual", "--config.quotas.sim_cores=0-999",
                                  "--config.quotas.gen_cores=0", "--config.quotas.train_cores=0"],

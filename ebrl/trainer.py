@@ -188,7 +188,7 @@ class Trainer:
       return self.resources.overlap
     if not (device_env and cfg.scheduler == "ebrl" and cfg.resources == "auto"):
       return None
-    if cfg.ebrl.max_staleness < 1 or cfg.quotas.overlap_probe_s <= 0:
+    if not OverlapSwitch.allowed(cfg):
       say(f"[resources] auto on '{cfg.env.name}': nothing to choose (the device simulator fuses sim and "
           f"generation; max_staleness={cfg.ebrl.max_staleness}, quotas.overlap_probe_s={cfg.quotas.overlap_probe_s})")
       return None

@@ -99,8 +99,7 @@ class ResourceManager:
     # in one group of recv 30: 57 segments force-started, 0.39x sync).
     # The trainer feeds it after every update and the scheduler's queue listens.
     self.overlap = None
-    if (cfg.resources == "auto" and cfg.quotas.overlap_probe_s > 0 and cfg.ebrl.max_staleness >= 1
-        and planner.fully_batched(self.profile, self.plan.num_groups, self.plan.recv_batch)):
+    if OverlapSwitch.allowed(cfg) and planner.fully_batched(self.profile, self.plan.num_groups, self.plan.recv_batch):
       self.overlap = OverlapSwitch(cfg.ebrl.max_staleness, cfg.quotas.overlap_probe_s, log)
     self._t0 = time.time()
     self._mesa_threads = 0

@@ -132,6 +132,11 @@ class OverlapSwitch:
   """A run's probe: fed after every update, it tells `listeners` (the queue's set_admission) each
   admission change, and marks each result on the timeline (`events`, the tracer) and in the log."""
 
+  @staticmethod
+  def allowed(cfg) -> bool:
+    """resources=auto may probe this run: overlap is allowed at all and probing is not switched off."""
+    return cfg.resources == "auto" and cfg.ebrl.max_staleness >= 1 and cfg.quotas.overlap_probe_s > 0
+
   def __init__(self, max_staleness: int, window_s: float, log: Callable[[str], None] = print):
     self.probe = OverlapProbe(max_staleness, window_s=window_s, settle_s=window_s / 4)
     self.listeners: list[Callable[[int], None]] = []

@@ -35,3 +35,17 @@ def produce(ring: SegmentRing, count: int, then_sleep: bool) -> None:
   if then_sleep:
     time.sleep(600)
   ring.close()
+
+
+def produce_then_die_mid_segment(ring: SegmentRing, count: int) -> None:
+  """Commits segments 0..count-1, then takes a free slot and writes half of the next segment
+  into it, as a producer killed inside `put` leaves it (SIGKILLed there by the test)."""
+  for k in range(count):
+    while not ring.put(segment(k), (k, 2 * k), timeout=1.0):
+      pass
+  slot = None
+  while slot is None:
+    slot = ring.acquire(timeout=1.0)
+  ring.arrays(slot)["obs"][:4] = -1.0  # Half written, never committed.
+  print("MID_SEGMENT", flush=True)
+  time.sleep(600)

@@ -41,12 +41,9 @@ class SegmentRing:
     self._views = [{f: shm.view(block, off, shape, dtype) for (f, shape, dtype), off in zip(spec.fields, offsets)}
                    for offsets in spec.offsets]
 
-  @classmethod
-  def create(cls, fields: Mapping[str, tuple[tuple[int, ...], Any]], slots: int, mp_context) -> "SegmentRing":
-    """A ring of `slots` slots, each with arrays `fields` = {name: (shape, dtype)}, its queues
-    made by `mp_context` (a spawn context: the processes that share it are spawned)."""
-    if slots < 1:
-      raise ValueError(f"slots={slots} must be >= 1")
+  @staticmethod
+  def _layout(fields: Mapping[str, tuple[tuple[int, ...], Any]], slots: int) -> tuple[tuple, tuple, int]:
+    """(fields as (name, shape, dtype str), offsets per slot, total bytes)."""
     layout = tuple((name, tuple(int(d) for d in shape), np.dtype(dtype).str) for name, (shape, dtype) in fields.items())
     offsets, at = [], 0
     for _ in range(slots):
@@ -55,11 +52,27 @@ class SegmentRing:
         row.append(at)
         at = shm.aligned(at + int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
       offsets.append(tuple(row))
-    block = shm.create("ring", at)
+    return layout, tuple(offsets), at
+
+  @classmethod
+  def nbytes(cls, fields: Mapping[str, tuple[tuple[int, ...], Any]], slots: int) -> int:
+    """The shared memory a ring of `slots` slots of `fields` takes (whole pages, as /dev/shm counts it)."""
+    return shm.page_rounded(cls._layout(fields, slots)[2])
+
+  @classmethod
+  def create(cls, fields: Mapping[str, tuple[tuple[int, ...], Any]], slots: int, mp_context,
+             what: str = "the learner process") -> "SegmentRing":
+    """A ring of `slots` slots, each with arrays `fields` = {name: (shape, dtype)}, its queues
+    made by `mp_context` (a spawn context: the processes that share it are spawned).
+    ShmSpaceError if /dev/shm cannot hold it (`what` names who needs it)."""
+    if slots < 1:
+      raise ValueError(f"slots={slots} must be >= 1")
+    layout, offsets, total = cls._layout(fields, slots)
+    block = shm.create("ring", total, what)
     free, ready = mp_context.Queue(), mp_context.Queue()
     for i in range(slots):
       free.put(i)
-    return cls(RingSpec(block.name, slots, layout, tuple(offsets)), free, ready, block, owner=True)
+    return cls(RingSpec(block.name, slots, layout, offsets), free, ready, block, owner=True)
 
   def __getstate__(self):
     return {"spec": self.spec, "free": self._free, "ready": self._ready}

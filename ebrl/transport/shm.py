@@ -5,32 +5,129 @@ Why a helper: Python 3.11's `multiprocessing.resource_tracker` registers every
 process exits - so a child that merely maps the parent's block would delete it
 under the parent (and the tracker warns about "leaked" blocks it never owned).
 Here only the owner registers and unlinks; attaching processes map the
-block's file without telling the tracker. Names carry the owner's pid (`ebrl_<pid>_<tag>_<n>`) so leftovers of a
-crashed run are recognisable (`leftover_blocks`) and a test can check that
-none remain.
+block's file without telling the tracker.
+
+Names are `ebrl_<pid>_<token>_<tag>_<n>`: the owner's pid makes leftovers of a
+crashed run recognisable (`leftover_blocks`), and a random token keeps two
+processes with the same pid (containers sharing one /dev/shm) from colliding;
+a name that exists anyway is drawn again.
+
+Space is reserved when a block is made. /dev/shm is a tmpfs: creating a file
+past its size succeeds, and the first write to a page it cannot back kills
+the process with SIGBUS ("Bus error"). Docker gives containers 64 MB by default,
+less than one ring slot of a pixel run. So `create` checks the free space
+first (`check_space`: a one-line ShmSpaceError naming the size, the free
+space and the fixes) and then allocates every page (posix_fallocate), which
+fails cleanly with ENOSPC if another process took the space meanwhile.
 """
 
 from __future__ import annotations
 
+import errno
 import itertools
 import mmap
 import os
+import secrets
 from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
 
+from ebrl.errors import UserError
+
 PREFIX = "ebrl_"
 SHM_DIR = "/dev/shm"
 _counter = itertools.count()
+_MIB = float(1 << 20)
+
+
+class ShmSpaceError(UserError):
+  """/dev/shm cannot hold a block a stage process needs; the message says how much and what to do."""
 
 
 def _new_name(tag: str) -> str:
-  return f"{PREFIX}{os.getpid()}_{tag}_{next(_counter)}"
+  return f"{PREFIX}{os.getpid()}_{secrets.token_hex(4)}_{tag}_{next(_counter)}"
 
 
-def create(tag: str, nbytes: int) -> shared_memory.SharedMemory:
-  """A new zero-filled block of at least `nbytes` owned by this process (unlink it with `release`)."""
-  return shared_memory.SharedMemory(name=_new_name(tag), create=True, size=max(int(nbytes), 1))
+def free_bytes(path: str = SHM_DIR) -> int | None:
+  """Bytes an unprivileged process may still allocate in `path`'s filesystem; None if unknown."""
+  try:
+    st = os.statvfs(path)
+  except OSError:
+    return None
+  return st.f_bavail * st.f_frsize
+
+
+def _total_bytes(path: str = SHM_DIR) -> int | None:
+  try:
+    st = os.statvfs(path)
+  except OSError:
+    return None
+  return st.f_blocks * st.f_frsize
+
+
+def space_message(needed: int, free: int | None, what: str) -> str:
+  """The one line a run prints when /dev/shm is too small for `what`."""
+  total = _total_bytes()
+  have = "an unknown amount" if free is None else f"{free / _MIB:,.1f} MiB"
+  size = "" if total is None else f" of {total / _MIB:,.1f} MiB"
+  return (f"{what} needs {needed / _MIB:,.1f} MiB of shared memory in {SHM_DIR}, which has {have} free{size}; "
+          f"give it more (docker run --shm-size=<size>, or remount {SHM_DIR} larger) or keep the learner in this "
+          "process with --config.placement=threads")
+
+
+def page_rounded(nbytes: int) -> int:
+  """What a block of `nbytes` takes in a tmpfs: whole pages."""
+  page = mmap.PAGESIZE
+  return -(-max(int(nbytes), 1) // page) * page
+
+
+def fits(nbytes: int, path: str = SHM_DIR) -> bool:
+  """Whether `nbytes` (one or several blocks' page_rounded sizes) fit in `path` now."""
+  free = free_bytes(path)
+  return free is None or nbytes <= free
+
+
+def check_space(nbytes: int, what: str) -> None:
+  """ShmSpaceError unless /dev/shm has room for `nbytes` now (a check; `create` also reserves)."""
+  if os.path.isdir(SHM_DIR) and not fits(nbytes):
+    raise ShmSpaceError(space_message(nbytes, free_bytes(), what))
+
+
+def create(tag: str, nbytes: int, what: str = "the learner process") -> shared_memory.SharedMemory:
+  """A new zero-filled block of at least `nbytes` owned by this process, its pages allocated (unlink it
+  with `release`). ShmSpaceError, naming `what` needs the space, if /dev/shm cannot hold it."""
+  size = max(int(nbytes), 1)
+  check_space(page_rounded(size), what)
+  while True:
+    try:
+      block = shared_memory.SharedMemory(name=_new_name(tag), create=True, size=size)
+      break
+    except FileExistsError:
+      continue  # Another process drew the same name (same pid in another container): draw again.
+  try:
+    _reserve(block, size)
+  except ShmSpaceError:
+    release(block, owner=True)
+    raise ShmSpaceError(space_message(page_rounded(size), free_bytes(), what)) from None
+  except BaseException:
+    release(block, owner=True)
+    raise
+  return block
+
+
+def _reserve(block: shared_memory.SharedMemory, size: int) -> None:
+  """Allocates every page of a new block now, so a full tmpfs fails here and not as SIGBUS later."""
+  fd = getattr(block, "_fd", -1)
+  if fd < 0 or not hasattr(os, "posix_fallocate"):
+    return
+  try:
+    os.posix_fallocate(fd, 0, size)
+  except OSError as e:
+    if e.errno == errno.ENOSPC:
+      raise ShmSpaceError(str(e)) from None
+    if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+      raise
+    # A filesystem without fallocate: the check_space above is what there is.
 
 
 class _Mapping:

@@ -12,3 +12,8 @@ def one_line(e: Exception) -> str:
   while len(text) > 1 and text[0] == text[-1] and text[0] in "'\"":
     text = text[1:-1]
   return " ".join(text.replace("\\n", "\n").replace("\\'", "'").split())
+
+
+class StageProcessError(RuntimeError):
+  """A stage process (the learner process) died or failed; the message names it and how. Not the
+  user's mistake: the launchers print it as one line and exit 1."""

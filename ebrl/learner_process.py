@@ -21,18 +21,19 @@ so the staleness bound and both corrections are untouched.
   state slot.read -> TrainState on this side
 
 Only slot indices and small messages (metrics, "stop", new cores) cross the
-pipe: no segment and no param is pickled. The child ignores SIGINT (Ctrl-C
-reaches the whole process group; the parent stops the run and then the
+pipe: no segment and no param is pickled. The child ignores SIGINT and
+SIGTERM (Ctrl-C, `timeout`, scancel and preemption signal the whole process
+group; the parent stops the run after the current update and then the
 child), exits on its own once its parent is gone, and the parent checks the
 child between all waits (`check_alive`), so a dead learner ends the run
-within a second with an error naming it.
+within a second with an error naming it. The ring and the state slot take
+/dev/shm space, checked and reserved before the child starts
+(`shared_memory_bytes`; a one-line ShmSpaceError when it does not fit).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import multiprocessing
 import os
 import random
 import signal
@@ -40,24 +41,23 @@ import sys
 import time
 import traceback
 import weakref
-from typing import Any, Iterator
+from typing import Any
 
 import jax
 import numpy as np
 
+from ebrl import spawn
+from ebrl.errors import StageProcessError  # pylint: disable=unused-import  # Raised here; callers import it from here too.
 from ebrl.learner import Learner, LearnerConfig, make_mesh
+from ebrl.transport import shm
 from ebrl.transport.param_slot import ParamSlot
 from ebrl.transport.segment_ring import SegmentRing
 from ebrl.types import SegmentBatch, TrainState
 from sim_adapters.base import EnvSpec
 
-SPAWN = multiprocessing.get_context("spawn")
+SPAWN = spawn.SPAWN
 _POLL_S = 0.2
 _STOP_S = 10.0  # How long a stopped child may take to exit before it is killed.
-
-
-class StageProcessError(RuntimeError):
-  """A stage process died or failed; the message names it and how."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +73,7 @@ class LearnerProcessSpec:
   train_devices: tuple[int, ...] = (0,)  # Local device indices of the learner's mesh.
   cores: tuple[int, ...] = ()  # CPU affinity of the whole child (its XLA pools too); () = inherited.
   env: tuple[tuple[str, str], ...] = ()  # Set before JAX starts there: MPS share, memory fraction.
+  unset_env: tuple[str, ...] = ()  # Inherited variables removed there before JAX starts (see gpu_sharing).
   priority: str = "normal"  # "idle": SCHED_IDLE for every thread of the child (see `resolve_priority`).
   # Fault injection (tests, soak runs): a uniform random sleep in [lo, hi] s before each update.
   delay_s: tuple[float, float] = (0.0, 0.0)
@@ -126,6 +127,16 @@ def _state_leaves(state: TrainState) -> list[np.ndarray]:
   return [np.asarray(x) for x in jax.tree.leaves(jax.device_get(state))]
 
 
+def _state_template(local: Learner) -> list[np.ndarray]:
+  return [np.zeros(x.shape, x.dtype) for x in jax.tree.leaves(jax.eval_shape(local.init, jax.random.PRNGKey(0)))]
+
+
+def shared_memory_bytes(local: Learner, spec: LearnerProcessSpec) -> int:
+  """/dev/shm a learner process takes: its state slot and its one-slot segment ring (no compile)."""
+  fields = segment_fields(spec.env_spec, spec.rollout_length, spec.segments_per_update, spec.action_size)
+  return ParamSlot.nbytes(_state_template(local)) + SegmentRing.nbytes(fields, slots=1)
+
+
 class RemoteLearner:
   """The Learner's interface, with `update_segments` run by a spawned learner process.
 
@@ -136,24 +147,29 @@ class RemoteLearner:
   def __init__(self, local: Learner, spec: LearnerProcessSpec):
     self.local, self.spec = local, spec
     self.policy, self.cfg, self.mesh = local.policy, local.cfg, local.mesh
-    template = jax.eval_shape(local.init, jax.random.PRNGKey(0))
-    self._treedef = jax.tree.structure(template)
-    self._slot = ParamSlot.create([np.zeros(x.shape, x.dtype) for x in jax.tree.leaves(template)])
-    fields = segment_fields(spec.env_spec, spec.rollout_length, spec.segments_per_update, spec.action_size)
-    self._ring = SegmentRing.create(fields, slots=1, mp_context=SPAWN)
+    self._treedef = jax.tree.structure(jax.eval_shape(local.init, jax.random.PRNGKey(0)))
+    shm.check_space(shared_memory_bytes(local, spec), "the learner process (placement=processes)")
+    self._slot = ParamSlot.create(_state_template(local))
+    self._ring = None
     self._closed = False
-    self._start_child()
+    try:
+      fields = segment_fields(spec.env_spec, spec.rollout_length, spec.segments_per_update, spec.action_size)
+      self._ring = SegmentRing.create(fields, slots=1, mp_context=SPAWN)
+      self._start_child()
+    except BaseException:
+      self._release_memory()
+      raise
 
   def _start_child(self) -> None:
     """A child over this learner's ring and state slot, with `self.spec` (its env, cores, priority)."""
     self._conn, child_conn = SPAWN.Pipe()
     self._proc = SPAWN.Process(target=child_main, name="ebrl-learner",
                                args=(self.spec, self._ring, self._slot.spec, child_conn, os.getpid()), daemon=True)
-    with _main_module_hidden():
+    with spawn.main_module_hidden():
       self._proc.start()
     child_conn.close()
     self.pid = self._proc.pid
-    self.child_env: dict[str, str] = {}  # What the child reported of `spec.env` once ready.
+    self.child_env: dict[str, str | None] = {}  # The child's values of `spec.env` / `unset_env` once ready.
     self._last: TrainState | None = None  # The state the child holds (the last one returned).
     self._finalizer = weakref.finalize(self, RemoteLearner._cleanup, self._proc, self._conn, self._ring, self._slot)
 
@@ -206,9 +222,13 @@ class RemoteLearner:
     the new child its state (it holds none), so training goes on from the same state and version."""
     self.check_alive()
     self._finalizer.detach()
-    RemoteLearner._cleanup(self._proc, self._conn, ring=None, slot=None)  # Stop, join; the memory stays.
-    self.spec = dataclasses.replace(self.spec, **changes)
-    self._start_child()
+    try:
+      RemoteLearner._cleanup(self._proc, self._conn, ring=None, slot=None)  # Stop, join; the memory stays.
+      self.spec = dataclasses.replace(self.spec, **changes)
+      self._start_child()
+    except BaseException:  # No child holds the ring and the slot now: nothing else would remove them.
+      self._release_memory()
+      raise
 
   def close(self) -> None:
     """Stops the child (killed if it does not exit within 10 s) and removes the shared memory."""
@@ -218,6 +238,15 @@ class RemoteLearner:
     self._finalizer()
 
   # -- internals -----------------------------------------------------------------------------
+
+  def _release_memory(self) -> None:
+    """Removes the ring and the state slot when no child (and no finalizer) owns them."""
+    self._closed = True
+    try:
+      if self._ring is not None:
+        self._ring.close()
+    finally:
+      self._slot.close()
 
   def _recv(self):
     try:
@@ -264,26 +293,6 @@ class RemoteLearner:
         slot.close()
 
 
-@contextlib.contextmanager
-def _main_module_hidden() -> Iterator[None]:
-  """Spawn re-runs the parent's `__main__` in the child unless it has no file and no spec. The
-  child runs only this module, so re-running the caller's script is needless, and a hazard: a
-  script without an `if __name__ == "__main__"` guard would build a second run in the child."""
-  main = sys.modules.get("__main__")
-  if main is None:
-    yield
-    return
-  saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
-  main.__dict__.pop("__file__", None)
-  main.__spec__ = None
-  try:
-    yield
-  finally:
-    main.__dict__.update(saved)
-    if "__spec__" not in saved:
-      del main.__spec__
-
-
 def _how_it_ended(code: int | None) -> str:
   if code is None:
     return "stopped answering"
@@ -297,8 +306,10 @@ def _how_it_ended(code: int | None) -> str:
 
 def child_main(spec: LearnerProcessSpec, ring: SegmentRing, slot_spec, conn, parent_pid: int) -> None:
   """The learner process: builds its learner, then one update per batch until told to stop."""
-  signal.signal(signal.SIGINT, signal.SIG_IGN)
-  os.environ.update(dict(spec.env))  # Before JAX starts its backend here.
+  spawn.ignore_group_signals()  # The parent stops this process; see the module's docstring.
+  for key in spec.unset_env:  # Before JAX starts its backend here.
+    os.environ.pop(key, None)
+  os.environ.update(dict(spec.env))
   if spec.priority == "idle":  # Before XLA's pools start: threads inherit their creator's policy.
     _on_all_threads(lambda tid: os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0)))
   if spec.cores:
@@ -314,7 +325,8 @@ def child_main(spec: LearnerProcessSpec, ring: SegmentRing, slot_spec, conn, par
     learner = Learner(policy, spec.learner_cfg, mesh=make_mesh([local[i] for i in spec.train_devices]))
     treedef = jax.tree.structure(jax.eval_shape(learner.init, jax.random.PRNGKey(0)))
     slot = ParamSlot.attach(slot_spec)
-    conn.send(("ready", tuple((k, os.environ.get(k, "")) for k, _ in spec.env)))
+    # What the child's JAX sees of what was set and removed (None: absent).
+    conn.send(("ready", tuple((k, os.environ.get(k)) for k in [*(k for k, _ in spec.env), *spec.unset_env])))
     _serve(spec, learner, treedef, ring, slot, conn, parent_pid)
   except BaseException as e:  # pylint: disable=broad-except  # Reported to the parent, then exit 1.
     traceback.print_exc(file=sys.stderr)

@@ -13,6 +13,8 @@ from launch.configs import default
 @pytest.fixture(autouse=True)
 def fresh(monkeypatch):
   monkeypatch.setattr(gpu_sharing, "_current", None)
+  monkeypatch.setattr(gpu_sharing, "_mps", None)
+  monkeypatch.setattr(gpu_sharing, "_restore", {})
 
 
 class FakeDaemon:
@@ -49,23 +51,85 @@ def test_mps_starts_before_jax_and_makes_this_process_a_client():
   assert sharing.mode == "mps" and "MPS daemon started" in sharing.note
   assert environ["CUDA_MPS_PIPE_DIRECTORY"] == FakeDaemon.pipe_dir
   assert environ["CUDA_MPS_LOG_DIRECTORY"] == FakeDaemon.log_dir
-  assert environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] == str(gpu_sharing.GEN_MEM_FRACTION)
+  assert environ["XLA_CLIENT_MEM_FRACTION"] == str(gpu_sharing.GEN_MEM_FRACTION)
+  assert "XLA_PYTHON_CLIENT_MEM_FRACTION" not in environ  # jaxlib refuses both names at once.
   assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in environ  # Generation keeps every SM.
-  env = dict(sharing.learner_env(35))
-  assert env == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "35", "CUDA_MPS_PIPE_DIRECTORY": FakeDaemon.pipe_dir,
-                 "XLA_PYTHON_CLIENT_MEM_FRACTION": str(gpu_sharing.LEARNER_MEM_FRACTION),
-                 "XLA_PYTHON_CLIENT_PREALLOCATE": "true"}
-  assert gpu_sharing.begin(_cfg()) is sharing  # Once per process.
+  change = sharing.learner_env(35, environ=environ)
+  assert dict(change["env"]) == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "35",
+                                 "XLA_CLIENT_MEM_FRACTION": str(gpu_sharing.LEARNER_MEM_FRACTION),
+                                 "XLA_PYTHON_CLIENT_PREALLOCATE": "true"}  # The pipe dir is inherited as is.
+  assert change["unset_env"] == ()
+  assert gpu_sharing.begin(_cfg()) is sharing  # The daemon serves every later run of this process.
   stopped = FakeDaemon.stopped
   sharing.close()
   assert FakeDaemon.stopped == stopped + 1
 
 
-def test_a_users_memory_fraction_wins():
-  environ = {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.2"}
+@pytest.mark.parametrize("name", ["XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION"])
+def test_a_users_memory_fraction_wins_under_either_name_and_no_second_name_is_set(name):
+  """jaxlib raises at backend start when both names are set: a user's XLA_CLIENT_MEM_FRACTION
+  (the current name) must not get the old name beside it."""
+  environ = {name: "0.2"}
   gpu_sharing.begin(_cfg(), status=lambda: ((_gpu(),), OK), daemon_factory=FakeDaemon, environ=environ,
                     backend_started=lambda: False)
-  assert environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.2"
+  assert {k: v for k, v in environ.items() if "MEM_FRACTION" in k} == {name: "0.2"}
+
+
+def test_the_learner_process_drops_inherited_allocator_and_fraction_variables():
+  """The child inherits this process's environment: a platform allocator (which ignores any
+  fraction) and this process's fraction under the old name must be removed there, not kept."""
+  sharing = gpu_sharing.GpuSharing("mps", "note", FakeDaemon())
+  inherited = {"PATH": "/bin", "XLA_PYTHON_CLIENT_ALLOCATOR": "platform", "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.9",
+               "CUDA_MPS_PIPE_DIRECTORY": FakeDaemon.pipe_dir}
+  change = sharing.learner_env(40, environ=inherited)
+  assert change["unset_env"] == ("XLA_PYTHON_CLIENT_ALLOCATOR", "XLA_PYTHON_CLIENT_MEM_FRACTION")
+  assert dict(change["env"])["XLA_CLIENT_MEM_FRACTION"] == str(gpu_sharing.LEARNER_MEM_FRACTION)
+  child = {k: v for k, v in inherited.items() if k not in change["unset_env"]} | dict(change["env"])
+  assert "PATH" not in dict(change["env"]) and child["PATH"] == "/bin"
+  assert [k for k in child if "MEM_FRACTION" in k] == ["XLA_CLIENT_MEM_FRACTION"]
+
+
+def test_each_run_decides_again_and_only_the_daemon_is_kept():
+  """A notebook's runs: an 'off' run does not make a later placement=processes run say the wrong
+  thing, and a daemon, once started, serves later runs instead of a second one starting."""
+  environ = {}
+  assert gpu_sharing.begin(_cfg(placement="threads"), environ=environ).mode == "off"
+  started = FakeDaemon.started
+  sharing = gpu_sharing.begin(_cfg(), status=lambda: ((_gpu(),), OK), daemon_factory=FakeDaemon,
+                              environ=environ, backend_started=lambda: False)
+  assert sharing.mode == "mps" and FakeDaemon.started == started + 1
+  assert gpu_sharing.begin(_cfg(placement="auto")).mode == "off"
+  assert gpu_sharing.current().mode == "off"
+  assert gpu_sharing.begin(_cfg(), daemon_factory=FakeDaemon) is sharing and FakeDaemon.started == started + 1
+
+
+def test_a_run_that_fails_before_jax_starts_gives_the_daemon_and_variables_back():
+  environ = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+  before = dict(environ)
+  gpu_sharing.begin(_cfg(), status=lambda: ((_gpu(),), OK), daemon_factory=FakeDaemon, environ=environ,
+                    backend_started=lambda: False)
+  stopped = FakeDaemon.stopped
+  gpu_sharing.abandon(environ=environ, backend_started=lambda: True)  # A client now: the daemon stays.
+  assert FakeDaemon.stopped == stopped and "CUDA_MPS_PIPE_DIRECTORY" in environ
+  gpu_sharing.abandon(environ=environ, backend_started=lambda: False)
+  assert FakeDaemon.stopped == stopped + 1 and environ == before and gpu_sharing.current() is None
+
+
+def test_the_python_api_rejects_a_bad_config_before_starting_mps(monkeypatch):
+  """Config checks come first: a rejected request leaves no daemon and no variable behind."""
+  import os  # pylint: disable=g-import-not-at-top
+
+  import ebrl  # pylint: disable=g-import-not-at-top
+
+  monkeypatch.setattr(gpu_sharing, "_status", lambda: ((_gpu(),), OK))
+  monkeypatch.setattr(gpu_sharing.mps, "MpsDaemon", FakeDaemon)
+  started, environ = FakeDaemon.started, dict(os.environ)
+  with pytest.raises(ebrl.UserError, match="num_envs=7"):
+    ebrl.train(overrides={"scheduler": "ebrl", "placement": "processes", "num_envs": 7,
+                          "ebrl.num_groups": 2}, workdir="/nonexistent/never-made")
+  assert FakeDaemon.started == started and dict(os.environ) == environ and gpu_sharing.current() is None
+  with pytest.raises(ebrl.UserError, match="second_interrupt='later'"):
+    ebrl.train(overrides={"scheduler": "ebrl", "placement": "processes"}, second_interrupt="later")
 
 
 @pytest.mark.parametrize("gpus,status,started,expected", [
@@ -79,7 +143,7 @@ def test_without_mps_the_run_time_shares_and_says_why_in_one_line(gpus, status, 
   sharing = gpu_sharing.begin(_cfg(), status=lambda: (gpus, status), daemon_factory=FakeDaemon, environ=environ,
                               backend_started=lambda: started)
   assert sharing.mode == "time-share" and expected in sharing.note and "\n" not in sharing.note
-  assert environ == {} and sharing.learner_env(50) == ()
+  assert environ == {} and sharing.learner_env(50) == {"env": (), "unset_env": ()}
 
 
 def test_a_daemon_that_fails_to_start_falls_back():

@@ -31,14 +31,19 @@ def _fake(tmp_path, body: str = FAKE) -> tuple[str, str]:
 
 
 def test_stage_env_values():
-  env = mps.stage_env(25, 0.45, "/run/pipe", base={"PATH": "/bin", "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
-                                                    "XLA_PYTHON_CLIENT_ALLOCATOR": "platform"},
-                      visible_devices=(0, 2))
-  assert env == {"PATH": "/bin", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25", "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.45",
+  base = {"PATH": "/bin", "XLA_PYTHON_CLIENT_PREALLOCATE": "false", "XLA_PYTHON_CLIENT_ALLOCATOR": "platform",
+          "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.9"}
+  env = mps.stage_env(25, 0.45, "/run/pipe", base=base, visible_devices=(0, 2))
+  # The fraction under jaxlib's current name only (it refuses both), no allocator that ignores it.
+  assert env == {"PATH": "/bin", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25", "XLA_CLIENT_MEM_FRACTION": "0.45",
                  "XLA_PYTHON_CLIENT_PREALLOCATE": "true", "CUDA_MPS_PIPE_DIRECTORY": "/run/pipe",
                  "CUDA_VISIBLE_DEVICES": "0,2"}
+  assert mps.env_change(env, base) == (
+      {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25", "XLA_CLIENT_MEM_FRACTION": "0.45",
+       "XLA_PYTHON_CLIENT_PREALLOCATE": "true", "CUDA_MPS_PIPE_DIRECTORY": "/run/pipe", "CUDA_VISIBLE_DEVICES": "0,2"},
+      ("XLA_PYTHON_CLIENT_ALLOCATOR", "XLA_PYTHON_CLIENT_MEM_FRACTION"))
   bare = mps.stage_env(100, 1, None, base={})
-  assert bare == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100", "XLA_PYTHON_CLIENT_MEM_FRACTION": "1.0",
+  assert bare == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100", "XLA_CLIENT_MEM_FRACTION": "1.0",
                   "XLA_PYTHON_CLIENT_PREALLOCATE": "true"}
 
 

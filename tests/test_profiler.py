@@ -61,3 +61,51 @@ def test_render_stage_is_profiled_as_its_own_stage():
   assert four["wall_us"] > 2 * one["wall_us"] > 0 and four["cpu_us"] > 2 * one["cpu_us"] > 0
   sim = profiler.measure_sim(cfg, cores, len(cores), None, seconds=0.2)
   assert sim["cpu_us_per_step"] < one["cpu_us"] / 5  # Physics alone: far cheaper than a frame.
+
+
+def test_a_failing_timed_update_is_an_error_not_zero_seconds():
+  """The update thread beside generation must not swallow its error: 0 s per update would score a
+  placement or an SM share as infinitely fast."""
+  class Breaks:
+    calls = 0
+
+    def init(self, key):
+      return 0
+
+    def update_segments(self, state, batch):
+      Breaks.calls += 1
+      if Breaks.calls > 1:
+        raise ValueError("out of memory")
+      return state, {}
+
+  with pytest.raises(RuntimeError, match="the timed updates failed: ValueError: out of memory"):
+    profiler._beside(Breaks(), None, lambda: 1, 0.05)  # pylint: disable=protected-access
+
+
+UNGUARDED = """
+print("MAIN RAN", flush=True)
+from ebrl.resources import profiler
+from launch.configs import default
+cfg = default.get_config()
+cfg.env.name = "MetaWorld/NoSuchTask-v3"
+try:
+  profiler.measure_in_subprocess(cfg, log=lambda s: None, seconds=0.05)
+except RuntimeError as e:
+  print("CALIBRATION", str(e).split(";")[0], flush=True)
+"""
+
+
+def test_an_unguarded_script_is_not_run_again_by_the_calibration(tmp_path):
+  """A user's script without `if __name__ == "__main__"`: spawn would import it again in the
+  calibration process, which would run it again (a second run, or an error blamed on calibration)."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  script = tmp_path / "unguarded.py"
+  script.write_text(UNGUARDED)
+  proc = subprocess.run([sys.executable, str(script)], cwd=str(tmp_path), env={**os.environ, "PYTHONPATH": root},
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert proc.stdout.count("MAIN RAN") == 1, proc.stdout + proc.stderr[-2000:]
+  assert "CALIBRATION the stage calibration process failed (exit code 1)" in proc.stdout

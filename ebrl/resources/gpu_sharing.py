@@ -11,8 +11,17 @@ Generation keeps every SM because it is on the rollout's critical path; the
 learner is capped so that its long kernels cannot crowd generation out.
 
 Both processes preallocate GPU memory, so this process's fraction is set here
-too (unless the user set one): XLA's default would take 75% of the GPU before
-the learner process starts.
+too (unless the user set one, under either of jaxlib's names): XLA's default
+would take 75% of the GPU before the learner process starts. The learner
+process inherits this process's environment; `learner_env` says what to set
+there and what to remove (an inherited allocator or fraction variable).
+
+`begin` runs after the config is checked and before JAX's backend starts. It
+decides per run (a notebook's next run with other settings decides again);
+only the daemon is kept for the process's life, because a process whose CUDA
+context was made under MPS needs it until it exits. A run that fails before
+JAX's backend started gives it back (`abandon`): the daemon stops and the
+variables `begin` set are restored.
 
 The daemon is private (its pipes in a fresh temporary directory; see mps.py),
 stopped at exit, and nothing here changes the GPU's compute mode.
@@ -22,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable, MutableMapping
+from typing import Any, Callable, Mapping, MutableMapping
 
 from ebrl.resources import inventory as inventory_lib
 from ebrl.resources import mps
@@ -37,23 +46,29 @@ class GpuSharing:
   note: str  # The one line a run prints about it ("" when off).
   daemon: Any = None
 
-  def learner_env(self, sm_percent: int, mem_fraction: float = LEARNER_MEM_FRACTION) -> tuple[tuple[str, str], ...]:
-    """The learner process's environment additions: its SM share and memory cap under MPS, else none."""
+  def learner_env(self, sm_percent: int, mem_fraction: float = LEARNER_MEM_FRACTION,
+                  environ: Mapping[str, str] | None = None) -> dict[str, tuple]:
+    """The learner process's environment under MPS, as LearnerProcessSpec fields: `env` (its SM share
+    and memory cap) and `unset_env` (inherited variables that would defeat them; `environ`, default
+    os.environ, is what the child inherits). Without MPS: nothing to change."""
     if self.mode != "mps":
-      return ()
-    env = mps.stage_env(sm_percent, mem_fraction, self.daemon.pipe_dir, base={})
-    return tuple(sorted(env.items()))
+      return {"env": (), "unset_env": ()}
+    base = dict(os.environ if environ is None else environ)
+    changed, removed = mps.env_change(mps.stage_env(sm_percent, mem_fraction, self.daemon.pipe_dir, base=base), base)
+    return {"env": tuple(sorted(changed.items())), "unset_env": removed}
 
   def close(self) -> None:
     if self.daemon is not None:
       self.daemon.stop()
 
 
-_current: GpuSharing | None = None
+_current: GpuSharing | None = None  # The latest run's decision.
+_mps: GpuSharing | None = None  # The daemon this process started, kept until exit (see the docstring).
+_restore: dict[str, str | None] = {}  # What `begin` changed in the environment: variable -> value before.
 
 
 def current() -> GpuSharing | None:
-  """What `begin` decided in this process, or None if it never ran."""
+  """What `begin` decided for the latest run in this process, or None if it never ran."""
   return _current
 
 
@@ -77,18 +92,20 @@ def _jax_backend_started() -> bool:
     return False
 
 
-def begin(cfg, status: Callable[[], tuple] | None = None, daemon_factory: Callable[[], Any] = mps.MpsDaemon,
+def begin(cfg, status: Callable[[], tuple] | None = None, daemon_factory: Callable[[], Any] | None = None,
           environ: MutableMapping[str, str] = os.environ, backend_started: Callable[[], bool] = _jax_backend_started
           ) -> GpuSharing:
-  """Once per process, before JAX's backend starts: an MPS daemon where a GPU allows one.
+  """For one run, after its config is checked and before JAX's backend starts: an MPS daemon where
+  a GPU allows one (the one already running, if an earlier run started it).
 
   `status()` returns (gpus, MpsStatus) (default: pynvml and PATH, without JAX).
   """
-  global _current
-  if _current is not None:
-    return _current
+  global _current, _mps
   if not wanted(cfg):
     _current = GpuSharing("off", "")
+    return _current
+  if _mps is not None:
+    _current = _mps
     return _current
   gpus, mps_status = (status or _status)()
   if not gpus:
@@ -102,16 +119,37 @@ def begin(cfg, status: Callable[[], tuple] | None = None, daemon_factory: Callab
                           "time-share the GPU (start the run in a fresh process for SM shares)")
   else:
     try:
-      daemon = daemon_factory().start()
+      daemon = (daemon_factory or mps.MpsDaemon)().start()
     except (RuntimeError, OSError) as e:
       _current = GpuSharing("time-share", f"[placement] MPS did not start ({e}): stage processes time-share the GPU")
     else:
-      environ["CUDA_MPS_PIPE_DIRECTORY"] = daemon.pipe_dir
-      environ["CUDA_MPS_LOG_DIRECTORY"] = daemon.log_dir
-      environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", str(GEN_MEM_FRACTION))
-      _current = GpuSharing("mps", f"[placement] MPS daemon started (pipes in {daemon.pipe_dir}): generation "
-                            "keeps every SM, the learner process gets its share", daemon)
+      changes = {"CUDA_MPS_PIPE_DIRECTORY": daemon.pipe_dir, "CUDA_MPS_LOG_DIRECTORY": daemon.log_dir}
+      if not any(environ.get(k) for k in mps.MEM_FRACTION_VARS):  # The user's fraction, under either name, wins.
+        changes["XLA_CLIENT_MEM_FRACTION"] = str(GEN_MEM_FRACTION)
+      _restore.clear()
+      for key, value in changes.items():
+        _restore[key] = environ.get(key)
+        environ[key] = value
+      _mps = _current = GpuSharing("mps", f"[placement] MPS daemon started (pipes in {daemon.pipe_dir}): "
+                                   "generation keeps every SM, the learner process gets its share", daemon)
   return _current
+
+
+def abandon(environ: MutableMapping[str, str] = os.environ,
+            backend_started: Callable[[], bool] = _jax_backend_started) -> None:
+  """After a run failed: the daemon `begin` started stops and its variables are restored, unless
+  JAX's backend has started meanwhile (this process is then the daemon's client until it exits)."""
+  global _mps, _current
+  if _mps is None or backend_started():
+    return
+  _mps.close()
+  for key, value in _restore.items():
+    if value is None:
+      environ.pop(key, None)
+    else:
+      environ[key] = value
+  _restore.clear()
+  _mps = _current = None
 
 
 def _status() -> tuple:

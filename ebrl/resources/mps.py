@@ -61,23 +61,27 @@ def _check_mem(mem_fraction) -> None:
     raise ValueError(f"mem_fraction={mem_fraction!r} must be a number in (0, 1]")
 
 
+MEM_FRACTION_VARS = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")  # jaxlib's name, then the old one.
+
+
 def stage_env(sm_percent: int, mem_fraction: float, pipe_dir: str | None, base: Mapping[str, str] | None = None,
               visible_devices: tuple[int, ...] | None = None) -> dict[str, str]:
   """A stage process's environment: its SM share, and a hard cap on its GPU memory.
 
   Preallocation stays on, so XLA reserves the fraction at start-up and never grows
   past it: a stage that needs more fails alone instead of starving its neighbours.
-  The platform allocator ignores the fraction, so an inherited
-  XLA_PYTHON_CLIENT_ALLOCATOR is dropped; so is XLA_CLIENT_MEM_FRACTION, which
-  jaxlib refuses alongside XLA_PYTHON_CLIENT_MEM_FRACTION.
+  The fraction goes in XLA_CLIENT_MEM_FRACTION, jaxlib's current name; the
+  deprecated XLA_PYTHON_CLIENT_MEM_FRACTION is dropped (jaxlib refuses to start
+  with both set), and so is an inherited XLA_PYTHON_CLIENT_ALLOCATOR (the
+  platform allocator ignores the fraction).
   """
   _check_sm(sm_percent)
   _check_mem(mem_fraction)
   env = dict(os.environ if base is None else base)
-  for key in ("XLA_PYTHON_CLIENT_ALLOCATOR", "XLA_CLIENT_MEM_FRACTION"):
+  for key in ("XLA_PYTHON_CLIENT_ALLOCATOR", *MEM_FRACTION_VARS):
     env.pop(key, None)
   env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(int(sm_percent))
-  env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = str(float(mem_fraction))
+  env["XLA_CLIENT_MEM_FRACTION"] = str(float(mem_fraction))
   env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "true"
   if pipe_dir is not None:
     env["CUDA_MPS_PIPE_DIRECTORY"] = pipe_dir
@@ -86,6 +90,13 @@ def stage_env(sm_percent: int, mem_fraction: float, pipe_dir: str | None, base: 
       raise ValueError(f"visible_devices={visible_devices!r} must be a non-empty tuple of GPU indices >= 0")
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in visible_devices)
   return env
+
+
+def env_change(env: Mapping[str, str], base: Mapping[str, str]) -> tuple[dict[str, str], tuple[str, ...]]:
+  """What turns `base` into `env`: (variables to set, variables to remove), for a process that
+  inherits `base` (a spawned child inherits this process's environment)."""
+  changed = {k: v for k, v in env.items() if base.get(k) != v}
+  return changed, tuple(sorted(k for k in base if k not in env))
 
 
 def check_split(sm_percent: Mapping[str, int], mem_fraction: Mapping[str, float]) -> None:

@@ -386,14 +386,17 @@ def _beside(update_learner, batch, one: Callable[[], int], seconds: float) -> tu
 
   import jax
 
-  stop, box, done = threading.Event(), [update_learner.init(jax.random.PRNGKey(0))], [0, 0.0]
+  stop, box, done, failed = threading.Event(), [update_learner.init(jax.random.PRNGKey(0))], [0, 0.0], []
 
   def loop():
-    while not stop.is_set():
-      t0 = time.perf_counter()
-      box[0], _ = update_learner.update_segments(box[0], batch)
-      jax.block_until_ready(box[0])
-      done[0], done[1] = done[0] + 1, done[1] + time.perf_counter() - t0
+    try:
+      while not stop.is_set():
+        t0 = time.perf_counter()
+        box[0], _ = update_learner.update_segments(box[0], batch)
+        jax.block_until_ready(box[0])
+        done[0], done[1] = done[0] + 1, done[1] + time.perf_counter() - t0
+    except BaseException as e:  # pylint: disable=broad-except  # Re-raised below: never "0 s per update".
+      failed.append(e)
 
   box[0], _ = update_learner.update_segments(box[0], batch)
   th = threading.Thread(target=loop, daemon=True)
@@ -405,7 +408,9 @@ def _beside(update_learner, batch, one: Callable[[], int], seconds: float) -> tu
   finally:
     stop.set()
     th.join()
-  return wall * 1e6 / calls, done[1] / max(done[0], 1)
+  if failed:
+    raise RuntimeError(f"the timed updates failed: {type(failed[0]).__name__}: {failed[0]}") from failed[0]
+  return wall * 1e6 / calls, done[1] / done[0]
 
 
 def _gen_call(sampler, spec, num_envs: int) -> Callable[[], int]:
@@ -561,13 +566,19 @@ def measure(cfg, inventory: Inventory, *, policy=None, spec=None, full: bool = F
   assemble = measure_assemble(spec, n, cfg.rollout_length, sorted({8, 32, n}), seconds / 2)
   placement = sm_shares = None
   if placement_probe or mps_pipe_dir:
-    from ebrl.learner_process import LearnerProcessSpec, RemoteLearner
+    from ebrl.learner_process import LearnerProcessSpec, RemoteLearner, shared_memory_bytes
     from ebrl.resources import mps
+    from ebrl.transport import shm
 
     remote_spec = LearnerProcessSpec(policy_name=cfg.policy.name, policy_cfg=cfg.policy, env_spec=spec,
                                      learner_cfg=learner.cfg, rollout_length=cfg.rollout_length,
                                      segments_per_update=segments, action_size=spec.action_dim,
                                      priority=learner_priority(cfg))
+    needed = shared_memory_bytes(learner, remote_spec)
+    if not shm.fits(needed):  # The plan then keeps the learner in the run's process.
+      log(f"[profile] placement: not measured: a learner process needs {needed / 2**20:,.1f} MiB of "
+          f"{shm.SHM_DIR}, which has {(shm.free_bytes() or 0) / 2**20:,.1f} MiB free (placement=threads only)")
+      placement_probe, mps_pipe_dir = False, ""
     if placement_probe:
       log("[profile] placement: generation beside updates in a thread, then in a learner process")
       placement = measure_placement(learner, sampler, spec, n, cfg.rollout_length, segments, max(seconds, 1.0),
@@ -576,8 +587,13 @@ def measure(cfg, inventory: Inventory, *, policy=None, spec=None, full: bool = F
       from ebrl.resources.gpu_sharing import LEARNER_MEM_FRACTION
 
       log(f"[profile] SM shares: the learner process at {list(SM_SHARES)}% of the SMs under MPS")
-      at = lambda p: RemoteLearner(learner, dataclasses.replace(remote_spec, env=tuple(sorted(
-          {**mps.stage_env(p, LEARNER_MEM_FRACTION, mps_pipe_dir, base={}), **ON_DEMAND_GPU_MEMORY}.items()))))
+      def at(percent: int) -> RemoteLearner:
+        base = dict(os.environ)  # What the learner process inherits from this one.
+        env = {**mps.stage_env(percent, LEARNER_MEM_FRACTION, mps_pipe_dir, base=base), **ON_DEMAND_GPU_MEMORY}
+        changed, removed = mps.env_change(env, base)
+        return RemoteLearner(learner, dataclasses.replace(remote_spec, env=tuple(sorted(changed.items())),
+                                                          unset_env=removed))
+
       sm_shares = measure_sm_shares(sampler, spec, n, cfg.rollout_length, segments, max(seconds, 1.0), at)
   prof = Profile(fingerprint=inventory.fingerprint(), shape=run_shape(cfg), sim=sim, gen=gen, train=train,
                  assemble=assemble, render=render, placement=placement, sm_shares=sm_shares)
@@ -626,7 +642,11 @@ def load_or_measure(cfg, inventory: Inventory, log=print, **kwargs) -> Profile:
 ON_DEMAND_GPU_MEMORY = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
 
 
-def _measure_child(cfg_json: str, out: str, cache_dir: str | None, kwargs: dict[str, Any]) -> None:
+def _measure_child(cfg_json: str, out: str, cache_dir: str | None, kwargs: dict[str, Any], parent_pid: int) -> None:
+  from ebrl import spawn  # pylint: disable=g-import-not-at-top
+
+  spawn.ignore_group_signals()  # A Ctrl-C or SIGTERM to the group is the run's to act on ...
+  spawn.die_with_parent(parent_pid)  # ... and a run that dies takes its calibration with it.
   # On a GPU the run's process already holds its preallocated fraction while it calibrates: this
   # process and the learner processes it starts take memory as they need it (set before JAX's
   # backend starts here; the learner processes inherit it).
@@ -651,18 +671,25 @@ def measure_in_subprocess(cfg, log=print, **kwargs) -> Profile:
   flags, the compilation cache) and the CPU affinity mask, so it measures what
   the run will get; its fingerprint is checked like any cached profile's.
   """
-  import multiprocessing  # pylint: disable=g-import-not-at-top
   import tempfile  # pylint: disable=g-import-not-at-top
 
   import jax  # pylint: disable=g-import-not-at-top
 
+  from ebrl import spawn  # pylint: disable=g-import-not-at-top
+
   log("[profile] calibrating the stages in a separate process")
   with tempfile.TemporaryDirectory(prefix="ebrl-profile-") as tmp:
     out = os.path.join(tmp, "profile.json")
-    proc = multiprocessing.get_context("spawn").Process(
-        target=_measure_child, args=(cfg.to_json(), out, jax.config.jax_compilation_cache_dir, kwargs), name="ebrl-profile")
-    proc.start()
-    proc.join()
+    proc = spawn.SPAWN.Process(target=_measure_child, name="ebrl-profile", args=(
+        cfg.to_json(), out, jax.config.jax_compilation_cache_dir, kwargs, os.getpid()))
+    with spawn.main_module_hidden():  # An unguarded user script must not run again in the child.
+      proc.start()
+    try:
+      proc.join()
+    finally:  # Interrupted (a second Ctrl-C in a notebook): the calibration goes with the run.
+      if proc.is_alive():
+        proc.kill()
+        proc.join()
     if proc.exitcode != 0 or not os.path.exists(out):
       raise RuntimeError(f"the stage calibration process failed (exit code {proc.exitcode}); "
                          "run `python -m launch.profile` to see its output")

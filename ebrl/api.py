@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import threading
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -109,30 +110,49 @@ def train(config: ml_collections.ConfigDict | Mapping | None = None, workdir: st
   returns its Summary. With config.resume the run continues from the workdir's last checkpoint.
   The first SIGINT/SIGTERM stops the run at its next update (checkpoint and summary written); a
   second has the effect of the handler there before (second_interrupt="previous": in a notebook or
-  a script, KeyboardInterrupt) or ends the process ("default": the command line's)."""
+  a script, KeyboardInterrupt) or ends the process ("default": the command line's).
+
+  Every way out - the summary, an error, a second interrupt - releases what the run holds: its
+  learner process and shared memory, env pools, open files."""
+  if second_interrupt not in ("default", "previous"):
+    raise UserError(f"second_interrupt={second_interrupt!r}; valid: 'default', 'previous'")
   launch_time = launch_time or time.time()
   cfg = make_config(config, overrides)
   if cfg.resume and not workdir:
     raise UserError("resume=True continues the run in its workdir; pass workdir=<the run's directory>")
-  from ebrl import interrupts, runtime  # pylint: disable=g-import-not-at-top
+  from ebrl import interrupts, runtime, validation  # pylint: disable=g-import-not-at-top
+  from ebrl import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from ebrl.resources import gpu_sharing  # pylint: disable=g-import-not-at-top
   from ebrl.trainer import Trainer  # pylint: disable=g-import-not-at-top
 
-  from ebrl.resources import gpu_sharing  # pylint: disable=g-import-not-at-top
-
+  # The config and the workdir first: nothing is started (no MPS daemon, no JAX backend) for a
+  # request that cannot run. The checks that need the device count follow in the Trainer.
+  validation.validate(cfg, num_devices=None)
+  workdir = os.path.abspath(workdir or default_workdir(cfg))
+  workdir_lib.prepare(workdir, cfg)
   runtime.limit_xla_threads()  # No effect once JAX has started (a notebook that used it already).
   runtime.enable_compilation_cache()
-  gpu_sharing.begin(cfg)  # Before JAX's backend starts: an MPS daemon for stage processes on a GPU.
-  trainer = Trainer(cfg, workdir or default_workdir(cfg), launch_time=launch_time, progress=progress)
-  log(f"training {cfg.env.name} ({cfg.policy.name}, {cfg.scheduler}) in {trainer.workdir}")
-  with interrupts.stop_on_signals(trainer.stop_requested, log=log, second=second_interrupt):
+  stop = threading.Event()
+  # Signals from here on: a SIGTERM while the run is built (a calibration takes seconds) stops it too.
+  with interrupts.stop_on_signals(stop, log=log, second=second_interrupt):
+    gpu_sharing.begin(cfg)  # Before JAX's backend starts: an MPS daemon for stage processes on a GPU.
     try:
-      trainer.train()
-    except KeyboardInterrupt:
-      if trainer.stop_requested.is_set():  # A second interrupt: stop now, keep the last checkpoint.
-        trainer.abort()
-        raise
-      log("interrupted; saving a checkpoint and the summary")  # No handler could be installed here.
-    summary = trainer.finish()  # A second interrupt during it is held until it is done.
+      trainer = Trainer(cfg, workdir, launch_time=launch_time, progress=progress, stop_requested=stop)
+    except BaseException:
+      gpu_sharing.abandon()
+      raise
+    log(f"training {cfg.env.name} ({cfg.policy.name}, {cfg.scheduler}) in {trainer.workdir}")
+    try:
+      try:
+        trainer.train()
+      except KeyboardInterrupt:
+        if stop.is_set():  # A second interrupt: stop now, keep the last checkpoint.
+          raise
+        log("interrupted; saving a checkpoint and the summary")  # No handler could be installed here.
+      summary = trainer.finish()  # A second interrupt during it is held until it is done.
+    except BaseException:
+      trainer.abort()  # Releases everything; the last checkpoint on disk stays the run's.
+      raise
   return Summary(summary, _paths(trainer.workdir))
 
 

@@ -243,13 +243,29 @@ def entry_config(entry: str, base_cfg):
 
 def run_one(name: str, base_cfg, workdir: str, warmup_updates: int, seconds: float) -> dict:
   """One entry: built fresh, warmed up, timed for `seconds`; its result and its trace spans."""
-  from ebrl.scheduler import make_scheduler  # pylint: disable=g-import-not-at-top
   from ebrl.trainer import Trainer
 
   cfg = entry_config(name, base_cfg)
   cfg.total_env_steps = 10**12  # The window's deadline ends the run.
   cfg.checkpoint_every_s = 1e9
   trainer = Trainer(cfg, workdir, progress=False)
+  try:
+    result = _timed_run(name, trainer, warmup_updates, seconds)
+    summary = trainer.finish()
+  except BaseException:
+    trainer.abort()  # Its learner process, shared memory and env pools go with the failed entry.
+    raise
+  result["force_started"] = int(summary.get("force_started", 0))
+  result["stale_dropped"] = int(summary.get("stale_dropped", 0))
+  result["_spans"] = trainer.tracer.spans()
+  return result
+
+
+def _timed_run(name: str, trainer, warmup_updates: int, seconds: float) -> dict:
+  """Runs a built entry through its warm-up and its timed window; the window's result."""
+  from ebrl.scheduler import make_scheduler  # pylint: disable=g-import-not-at-top
+
+  cfg = trainer.cfg
   window = _Window(warmup_updates, seconds)
   trainer.update_hooks.append(window)
   scheduler = make_scheduler(cfg.scheduler, trainer.run_context())
@@ -269,10 +285,6 @@ def run_one(name: str, base_cfg, workdir: str, warmup_updates: int, seconds: flo
   if trainer.overlap is not None:  # Host plans and device simulators alike.
     result.setdefault("resources", {"mode": trainer.cfg.resources})["overlap_probes"] = [
         dataclasses.asdict(r) for r in trainer.overlap.results]
-  summary = trainer.finish()
-  result["force_started"] = int(summary.get("force_started", 0))
-  result["stale_dropped"] = int(summary.get("stale_dropped", 0))
-  result["_spans"] = trainer.tracer.spans()
   return result
 
 
@@ -367,12 +379,18 @@ def run_bench(spec: BenchSpec, cfg, log: Callable[[str], None] = print) -> dict:
   base = spec.base_config(cfg)
   entries = spec.entries()
   configs = {name: entry_config(name, base) for name in entries}
+  for entry_cfg in configs.values():  # Every entry's config, before MPS or JAX's backend starts.
+    validation.validate(entry_cfg, num_devices=None)
   wanting = [c for c in configs.values() if gpu_sharing.wanted(c)]
   if wanting:  # Before JAX's backend starts: MPS for an entry's learner process on a GPU.
     gpu_sharing.begin(wanting[0])
-  for entry_cfg in configs.values():  # Every scheduler's config, before anything runs.
-    validation.validate(entry_cfg, jax.local_device_count())
-  spec.check_outputs()
+  try:
+    for entry_cfg in configs.values():  # The checks that need the device count.
+      validation.validate(entry_cfg, jax.local_device_count())
+    spec.check_outputs()
+  except BaseException:
+    gpu_sharing.abandon()
+    raise
   runtime.enable_compilation_cache()
 
   runs: dict[str, list[dict]] = {name: [] for name in entries}

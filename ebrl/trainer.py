@@ -31,7 +31,7 @@ from ebrl.checkpointing import Checkpointer
 from ebrl.errors import UserError
 from ebrl.layout import RunLayout
 from ebrl.learner import Learner, LearnerConfig, make_mesh
-from ebrl.learner_process import LearnerProcessSpec, RemoteLearner
+from ebrl.learner_process import LearnerProcessSpec, RemoteLearner, shared_memory_bytes
 from ebrl.param_store import ParamStore, with_value_stats
 from ebrl.resources import gpu_sharing, profiler
 from ebrl.resources.overlap import OverlapSwitch
@@ -43,6 +43,7 @@ from ebrl.telemetry.episodes import EpisodeTracker
 from ebrl.telemetry.stages import StageClock
 from ebrl.telemetry.trace import Tracer
 from ebrl.telemetry.writers import MetricsWriter, read_jsonl, write_json
+from ebrl.transport import shm
 from policies import IncompatibleObservationError, make_policy
 from policies.base import action_size
 from sim_adapters import is_device_env, make_env_groups
@@ -90,11 +91,45 @@ def _skipped(state) -> int | None:
 
 
 class Trainer:
+  """A run's stages and outputs. Everything it holds (env pools, the learner process and its shared
+  memory, open files, the checkpointer) is released by `finish` or `abort`, and by the constructor
+  itself when building fails part way, each in its own guard."""
 
-  def __init__(self, cfg, workdir: str, *, launch_time: float | None = None, progress: bool = True):
+  def __init__(self, cfg, workdir: str, *, launch_time: float | None = None, progress: bool = True,
+               stop_requested: threading.Event | None = None):
+    self._closers: list[tuple[str, Callable[[], None]]] = []  # Released last to first.
+    self._finished: dict | None = None
+    # Ctrl-C / SIGTERM (ebrl.interrupts) ask the run to stop at the next update boundary.
+    self.stop_requested = stop_requested if stop_requested is not None else threading.Event()
+    try:
+      self._build(cfg, workdir, launch_time, progress)
+    except BaseException:
+      self._release(raise_errors=False)
+      raise
+
+  def _hold(self, name: str, close: Callable[[], None]) -> None:
+    """Registers something the run must release (see `_release`)."""
+    self._closers.append((name, close))
+
+  def _release(self, raise_errors: bool) -> None:
+    """Releases everything held, last built first, each in its own guard: one that fails does not
+    keep the others. The first failure is raised afterwards (`raise_errors`) or only reported."""
+    first = None
+    while self._closers:
+      name, close = self._closers.pop()
+      try:
+        close()
+      except Exception as e:  # pylint: disable=broad-except  # Every other resource must still go.
+        first = first or e
+        tqdm.tqdm.write(f"while releasing the run's {name}: {type(e).__name__}: {e}")
+    if first is not None and raise_errors:
+      raise first
+
+  def _build(self, cfg, workdir: str, launch_time: float | None, progress: bool) -> None:
     self.cfg = cfg
     self.workdir = os.path.abspath(workdir)
     self.launch_time = launch_time or time.time()
+    say = tqdm.tqdm.write if progress else (lambda m: None)
     # Start-up, in seconds from launch: imports done, envs and learner built, first env steps
     # taken, first update applied (startup_s in summary.json; the last two include compiles).
     self.startup_s: dict[str, float] = {"imports": time.time() - self.launch_time}
@@ -110,10 +145,10 @@ class Trainer:
     if cfg.scheduler == "ebrl" and cfg.resources != "off" and not device_env:
       from ebrl.resources.manager import ResourceManager
       try:
-        self.resources = ResourceManager(cfg, log=tqdm.tqdm.write if progress else (lambda m: None))
+        self.resources = ResourceManager(cfg, log=say)
       except ValueError as e:
         raise UserError(str(e)) from None
-    self.overlap = self._overlap_switch(cfg, device_env, tqdm.tqdm.write if progress else (lambda m: None))
+    self.overlap = self._overlap_switch(cfg, device_env, say)
     self.layout = RunLayout.from_config(cfg, self.resources.plan if self.resources else None, device_env)
     self.placement = self._placement(cfg, device_env)
     self.tracer = Tracer()
@@ -124,17 +159,19 @@ class Trainer:
       self._build_device_sim(cfg, self.layout)
     else:
       self._build_host_groups(cfg, self.layout)
+    self._hold("envs", self.envs.close)
     self.spec = self.envs.spec
     try:
       self.policy = make_policy(cfg.policy.name, self.spec, cfg.policy)
     except (IncompatibleObservationError, ValueError) as e:
-      self.envs.close()
       raise UserError(f"policy '{cfg.policy.name}': {e}") from None
-    workdir_lib.write_config(self.workdir, cfg)
 
     self.action_size = action_size(self.policy, self.spec)
     self.learner = Learner(self.policy, LearnerConfig.from_config(cfg, self.layout),
                            mesh=make_mesh(self._local_devices(self.placement.train)))
+    # threads or processes; a learner process's /dev/shm space is checked here, before any compile.
+    self.stage_placement = self._stage_placement(cfg, say)
+    remote_spec = self._learner_process_spec(cfg) if self.stage_placement == "processes" else None
     # Host acting: generation on its own devices (a device env's policy acts inside the sim's scan).
     gen_mesh = None if self.device_sim is not None else make_mesh(self._local_devices(self.placement.gen))
     self.params = self._param_store(gen_mesh)
@@ -142,6 +179,7 @@ class Trainer:
     self.tracker = EpisodeTracker(cfg.num_envs, self.spec.has_success, target=cfg.target_success)
     self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"), keep=cfg.keep_checkpoints,
                                      warn=lambda m: tqdm.tqdm.write(m))
+    self._hold("checkpointer", self.checkpointer.close)
     self.state = self.learner.init(jax.random.PRNGKey(cfg.seed))
     self.env_steps = 0
     self.prior_wall_s = 0.0  # Wall time of earlier launches of this run (resume).
@@ -161,11 +199,9 @@ class Trainer:
     # Updates made so far, as a Python int any thread may read (the state itself is donated to
     # each update while the learner thread runs it).
     self.updates_done = int(self.state.version)
-    # Ctrl-C / SIGTERM (ebrl.interrupts) ask the run to stop at the next update boundary.
-    self.stop_requested = threading.Event()
-    self._finished: dict | None = None
 
     self.writer = MetricsWriter(self.workdir)
+    self._hold("metrics writer", self.writer.close)
     self.startup_s["built"] = time.time() - self.launch_time
     self.start_env_steps = self.env_steps
     self.start_time = time.time()
@@ -177,9 +213,12 @@ class Trainer:
     # tqdm.auto: a widget in a notebook, the text bar in a terminal.
     self.bar = tqdm.auto.tqdm(total=cfg.total_env_steps, initial=self.env_steps, unit="step", unit_scale=True,
                          mininterval=1.0, dynamic_ncols=True, disable=not progress)
-    self.stage_placement = self._stage_placement(cfg)
-    if self.stage_placement == "processes":  # Last: nothing after it can fail and leave the child.
-      self.learner = self._learner_process(cfg, progress)
+    self._hold("progress bar", self.bar.close)
+    if remote_spec is not None:
+      self.learner = self._learner_process(remote_spec, say)
+      self._hold("learner process", self.learner.close)
+    # Last: a run that failed to build leaves no config.json, so the same workdir takes a retry.
+    workdir_lib.write_config(self.workdir, cfg)
 
   def _overlap_switch(self, cfg, device_env: bool, say: Callable[[str], None]) -> OverlapSwitch | None:
     """Overlap or a barrier, measured on the run (ebrl/resources/overlap.py): the resource manager's
@@ -196,42 +235,58 @@ class Trainer:
         "overlap against a barrier is probed on the run")
     return OverlapSwitch(cfg.ebrl.max_staleness, cfg.quotas.overlap_probe_s, say)
 
-  def _stage_placement(self, cfg) -> str:
-    """threads or processes: the config's, or with placement=auto the plan's (threads without one)."""
+  def _stage_placement(self, cfg, say: Callable[[str], None]) -> str:
+    """threads or processes: the config's, or with placement=auto the plan's (threads without one,
+    and threads where /dev/shm cannot hold the learner process's ring and state slot)."""
     if cfg.placement != "auto":
       return cfg.placement
-    return self.resources.plan.placement if self.resources is not None else "threads"
+    chosen = self.resources.plan.placement if self.resources is not None else "threads"
+    if chosen == "processes":
+      needed = shared_memory_bytes(self.learner, self._learner_process_spec(cfg, check=False))
+      if not shm.fits(needed):
+        say(f"[placement] the plan's learner process needs {needed / 2**20:,.1f} MiB of {shm.SHM_DIR}, which has "
+            f"{(shm.free_bytes() or 0) / 2**20:,.1f} MiB free: the learner stays in this process")
+        return "threads"
+    return chosen
 
-  def _learner_process(self, cfg, progress: bool) -> RemoteLearner:
-    """The learner in a spawned process on the plan's train cores (ebrl/learner_process.py)."""
+  def _learner_process_spec(self, cfg, check: bool = True) -> LearnerProcessSpec:
+    """The learner process's spec (its cores, priority, devices); `check`: ShmSpaceError now if
+    /dev/shm cannot hold its ring and state slot."""
     cores = tuple(self.resources.plan.cpu_sets["train"]) if self.resources is not None else ()
     spec = LearnerProcessSpec(policy_name=cfg.policy.name, policy_cfg=cfg.policy, env_spec=self.spec,
                               learner_cfg=self.learner.cfg, rollout_length=self.layout.rollout_length,
                               segments_per_update=self.layout.segments_per_update, action_size=self.action_size,
                               train_devices=tuple(self.placement.train), cores=cores,
                               priority=profiler.learner_priority(cfg))
+    if check:
+      shm.check_space(shared_memory_bytes(self.learner, spec), "the learner process (placement=processes)")
+    return spec
+
+  def _learner_process(self, spec: LearnerProcessSpec, say: Callable[[str], None]) -> RemoteLearner:
+    """The learner in a spawned process on the plan's train cores (ebrl/learner_process.py)."""
+    cfg = self.cfg
     sharing = gpu_sharing.current()
     mps = sharing is not None and sharing.mode == "mps"
     share = ""
     if mps:
       sm = self._learner_sm_percent(cfg)
-      spec = dataclasses.replace(spec, env=sharing.learner_env(sm))
+      spec = dataclasses.replace(spec, **sharing.learner_env(sm))
       share = f", {sm}% of the SMs"
     remote = RemoteLearner(self.learner, spec)
-    say = tqdm.tqdm.write if progress else (lambda m: None)
     if self.resources is not None:
       def follow(plan) -> None:  # On the learner thread, between updates (ResourceManager.observe).
-        env = sharing.learner_env(plan.learner_sm_percent) if mps and plan.learner_sm_percent else remote.spec.env
-        if env == remote.spec.env:
+        changes = (sharing.learner_env(plan.learner_sm_percent) if mps and plan.learner_sm_percent
+                   else {"env": remote.spec.env, "unset_env": remote.spec.unset_env})
+        if changes["env"] == remote.spec.env:
           remote.set_cores(plan.cpu_sets["train"])
         else:
-          remote.respawn(env=env, cores=tuple(plan.cpu_sets["train"]))
+          remote.respawn(**changes, cores=tuple(plan.cpu_sets["train"]))
           self.resources.events.append({"t": self.wall_s(), "label": f"learner {plan.learner_sm_percent}% SMs"})
           say(f"[placement] learner process restarted as {remote.pid} with {plan.learner_sm_percent}% of the SMs")
       self.resources.listeners.append(follow)
-    say(f"[placement] learner in process {remote.pid}" + (f" on cores {cores}" if cores else "") + share
+    say(f"[placement] learner in process {remote.pid}" + (f" on cores {spec.cores}" if spec.cores else "") + share
         + (", at idle CPU priority" if spec.priority == "idle" else ""))
-    if sharing is None or not sharing.note:  # placement=auto's choice, or a Trainer built directly.
+    if sharing is None or sharing.mode == "off":  # placement=auto's choice, or a Trainer built directly.
       say("[placement] no SM shares (MPS starts before JAX, from ebrl.train with placement=processes): "
           "the processes time-share")
     else:
@@ -385,7 +440,6 @@ class Trainer:
     try:
       params = load_params(path, self.state.params)
     except ValueError as e:
-      self.envs.close()
       raise UserError(str(e)) from None
     self.state = self.state.replace(params=params)
     tqdm.tqdm.write(f"warm start: policy params from {path}")
@@ -511,22 +565,15 @@ class Trainer:
     return row
 
   def abort(self) -> None:
-    """Closes the envs, writers and checkpointer without a final checkpoint: a second interrupt may
-    have come mid-update, when the state the trainer holds was donated to an update that never
-    returned. The last checkpoint on disk is the run's."""
+    """Releases everything the run holds (the learner process and its shared memory, the envs,
+    writers and checkpointer) without a final checkpoint: after an error, or a second interrupt
+    that may have come mid-update, when the state the trainer holds was donated to an update that
+    never returned. The last checkpoint on disk is the run's."""
     if self._finished is not None:
       return
     with interrupts.uninterruptible():
-      self.bar.close()
-      self._close_outputs()
       self._finished = {}
-
-  def _close_outputs(self) -> None:
-    """The checkpointer (waiting for its writes), the metric writers and the envs."""
-    self.checkpointer.close()
-    self.writer.close()
-    self.envs.close()
-    self.learner.close()
+      self._release(raise_errors=False)
 
   def finish(self) -> dict:
     """Final checkpoint, summary.json and plots, once; returns the summary (again on a second call).
@@ -541,7 +588,7 @@ class Trainer:
     if self._last_metrics:
       self.log(self._last_metrics)
     self.checkpoint()
-    self._close_outputs()
+    self._release(raise_errors=True)  # The checkpointer waits for its writes here.
     elapsed = time.time() - self.start_time
     stages = self.clock.snapshot()
     summary = {

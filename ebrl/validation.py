@@ -51,8 +51,10 @@ def _integer_at_least(name: str, value, low: int, note: str = "") -> None:
     raise UserError(f"{name}={value!r} must be an integer >= {low}{note}")
 
 
-def validate(cfg, num_devices: int) -> None:
-  """Raises UserError for the first problem found in cfg."""
+def validate(cfg, num_devices: int | None) -> None:
+  """Raises UserError for the first problem found in cfg. With `num_devices` None (before JAX's
+  backend may start: an MPS daemon must come first) the checks that need the device count wait
+  for the call with it."""
   from policies import POLICY_NAMES
   from sim_adapters import UnknownEnvError, check_env_name, is_device_env
 
@@ -84,8 +86,11 @@ def validate(cfg, num_devices: int) -> None:
     raise UserError(f"target_success={cfg.target_success!r} must be in (0, 1]")
   from ebrl.resources import devices as devices_lib  # pylint: disable=g-import-not-at-top
 
-  placement = devices_lib.resolve(cfg.devices, num_devices, device)
-  train_devices, sim_devices = len(placement.train), len(placement.sim)
+  if num_devices is None:
+    train_devices = sim_devices = 1  # Divides everything: the checks below that need more wait.
+  else:
+    placement = devices_lib.resolve(cfg.devices, num_devices, device)
+    train_devices, sim_devices = len(placement.train), len(placement.sim)
   if cfg.num_envs % train_devices:
     raise UserError(f"num_envs={cfg.num_envs} must be divisible by the {train_devices} devices of the learner mesh")
   if device and cfg.scheduler != "ebrl" and cfg.num_envs % sim_devices:

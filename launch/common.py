@@ -3,8 +3,9 @@
 absl's own flag parser prints usage and exits 1 on a bad flag; users of these
 launchers get a single line naming the bad value and exit code 2 instead, for
 flag errors, config files that cannot be loaded, and every UserError raised
-while the run is set up. `check_output_file` proves an output path writable
-before the work whose results it will hold.
+while the run is set up. A stage process that dies (StageProcessError) is
+one line too, with exit code 1: it is no mistake of the user's. `check_output_file`
+proves an output path writable before the work whose results it will hold.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Callable
 
 from absl import app, flags, logging
 
-from ebrl.errors import UserError, one_line
+from ebrl.errors import StageProcessError, UserError, one_line
 from ebrl.runtime import enable_compilation_cache, limit_xla_threads, machine_info  # pylint: disable=unused-import
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "default.py")
@@ -189,5 +190,8 @@ def run(main: Callable[[list[str]], None]) -> None:
       main(argv)
     except UserError as e:
       fail(str(e))
+    except StageProcessError as e:  # A stage process died: not the user's mistake, and no traceback helps.
+      print(f"error: {e}", file=sys.stderr)
+      sys.exit(1)
 
   app.run(guarded, flags_parser=_parse_flags)

@@ -25,11 +25,12 @@ BOOT = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_
         "sys.argv = {args!r}; runpy.run_module('launch.train', run_name='__main__')")
 
 
-def _start(workdir, extra: list[str], env: dict | None = None) -> subprocess.Popen:
+def _start(workdir, extra: list[str], env: dict | None = None, group: bool = False) -> subprocess.Popen:
+  """launch.train on TINY; `group`: in a process group of its own (signalled as a whole)."""
   args = ["launch.train", "--progress=false", f"--workdir={workdir}", *TINY, *extra]
   return subprocess.Popen([sys.executable, "-c", BOOT.format(args=args)], cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": ROOT, **(env or {})},
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=group)
 
 
 def _wait_for_line(proc: subprocess.Popen, prefix: str, timeout: float) -> list[str]:
@@ -135,3 +136,28 @@ def test_a_second_signal_under_previous_waits_for_a_write_in_progress():
     with pytest.raises(KeyboardInterrupt):  # Outside a write it interrupts at once.
       signal.raise_signal(signal.SIGINT)
   assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_sigterm_to_the_group_during_the_stage_calibration_still_stops_cleanly(tmp_path):
+  """resources=auto calibrates in a process of its own while the run is built. A SIGTERM to the
+  group then (`timeout` on a long job, preemption) reaches the calibration too: it is the run's to
+  act on, so the run is built, stops at its first update and saves, instead of failing with
+  "stage calibration process failed (exit code -15)"."""
+  workdir = tmp_path / "run"
+  proc = _start(workdir, ["--config.resources=auto", "--config.total_env_steps=1000000"],
+                env={"EBRL_PROFILE_CACHE": str(tmp_path / "profiles")}, group=True)
+  try:
+    _wait_for_line(proc, "[profile] sim:", timeout=120)  # Printed by the calibration process.
+    time.sleep(1.0)
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=240)
+  finally:
+    try:
+      os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+      pass
+    proc.wait()
+  assert proc.returncode == 0, out
+  assert "calibration process failed" not in out
+  summary = json.loads((workdir / "summary.json").read_text())
+  assert summary["env_steps"] < 1000000

@@ -157,13 +157,15 @@ def test_an_error_in_the_child_is_reported_with_its_message():
     remote.close()
 
 
-def test_the_childs_environment_carries_its_sm_share_and_cores():
-  """What an MPS split sets per stage process reaches the child before its JAX starts."""
-  env = (("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "40"), ("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.45"))
-  local, remote = _learners(env=env, cores=(0,))
+def test_the_childs_environment_carries_its_sm_share_and_cores(monkeypatch):
+  """What an MPS split sets per stage process reaches the child before its JAX starts, and what it
+  removes (an inherited allocator that would ignore the memory cap) is gone there."""
+  monkeypatch.setenv("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")  # Inherited by the spawned child.
+  env = (("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "40"), ("XLA_CLIENT_MEM_FRACTION", "0.45"))
+  local, remote = _learners(env=env, unset_env=("XLA_PYTHON_CLIENT_ALLOCATOR",), cores=(0,))
   try:
     remote.update_segments(local.init(jax.random.PRNGKey(0)), _batch(0))
-    assert remote.child_env == dict(env)
+    assert remote.child_env == {**dict(env), "XLA_PYTHON_CLIENT_ALLOCATOR": None}
     with open(f"/proc/{remote.pid}/status") as f:
       allowed = next(l.split(":")[1].strip() for l in f if l.startswith("Cpus_allowed_list"))
     assert allowed == "0"
@@ -224,6 +226,42 @@ def test_a_respawned_learner_process_has_its_new_share_and_trains_on_from_the_sa
     remote.close()
 
 
+def test_a_respawn_that_fails_removes_the_ring_and_the_state_slot(monkeypatch):
+  """No child holds the shared memory while a respawn starts the next one: if that fails, the
+  ring and the slot go at once, not at interpreter exit."""
+  local, remote = _learners()
+  remote.update_segments(local.init(jax.random.PRNGKey(0)), _batch(0))
+  assert len(shm.leftover_blocks(os.getpid())) == 2
+
+  def no_start(self):
+    raise OSError("cannot start a process")
+
+  monkeypatch.setattr(RemoteLearner, "_start_child", no_start)
+  with pytest.raises(OSError, match="cannot start"):
+    remote.respawn(cores=(0,))
+  assert shm.leftover_blocks(os.getpid()) == []
+  with pytest.raises(StageProcessError, match="closed"):
+    remote.check_alive()
+  remote.close()
+
+
+def test_sigterm_to_the_learner_process_is_left_to_its_parent():
+  """timeout, scancel and preemption signal the whole process group: the child ignores SIGTERM (and
+  SIGINT) and keeps serving updates; the parent stops the run after the current update and then
+  stops the child itself."""
+  local, remote = _learners()
+  try:
+    state, _ = remote.update_segments(local.init(jax.random.PRNGKey(0)), _batch(0))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+      os.kill(remote.pid, sig)
+    time.sleep(0.5)
+    remote.check_alive()
+    state, _ = remote.update_segments(state, _batch(1, version=1))
+    assert int(state.version) == 2
+  finally:
+    remote.close()
+
+
 def test_close_stops_the_child_and_removes_its_shared_memory():
   _, remote = _learners()
   pid = remote.pid
@@ -272,23 +310,106 @@ def test_a_run_with_a_learner_process_keeps_the_staleness_bound_under_random_del
   assert (tmp_path / "checkpoints" / str(summary["env_steps"])).is_dir()  # The child's state, saved here.
 
 
-def test_a_learner_process_killed_mid_run_ends_the_run_within_10_s(tmp_path):
-  from ebrl.scheduler import make_scheduler  # pylint: disable=g-import-not-at-top
+def _open_files_under(path) -> list[str]:
+  """Files under `path` this process still has open (a writer or checkpointer not closed)."""
+  out = []
+  for fd in os.listdir("/proc/self/fd"):
+    try:
+      target = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+      continue
+    if target.startswith(str(path)):
+      out.append(target)
+  return out
+
+
+def test_a_learner_process_killed_mid_run_ends_the_run_within_10_s_and_releases_everything(tmp_path, monkeypatch):
+  """Through the Python API, as a notebook runs it: the error names the dead child, and every
+  resource of the run is released (the autouse fixture: no process, no /dev/shm block)."""
+  import ebrl  # pylint: disable=g-import-not-at-top
   from ebrl.trainer import Trainer  # pylint: disable=g-import-not-at-top
 
-  trainer = Trainer(_run_config(10**9), str(tmp_path), progress=False)
-  killed_at = []
+  killed_at, after_update = [], Trainer.after_update
 
-  def kill_once(t):
-    if not killed_at and int(t.state.version) >= 3:
-      os.kill(t.learner.pid, signal.SIGKILL)
+  def kill_once(self, state, metrics):
+    after_update(self, state, metrics)
+    if not killed_at and int(state.version) >= 3:
+      os.kill(self.learner.pid, signal.SIGKILL)
       killed_at.append(time.time())
 
-  trainer.update_hooks.append(kill_once)
+  monkeypatch.setattr(Trainer, "after_update", kill_once)
   with pytest.raises(StageProcessError, match=r"learner process \(pid \d+\) was killed by SIGKILL"):
-    make_scheduler("ebrl", trainer.run_context()).run(trainer.state, 10**9)
+    ebrl.train(_run_config(10**9), str(tmp_path / "run"), progress=False, log=lambda m: None)
   assert time.time() - killed_at[0] < 10
-  trainer.abort()
+  assert _open_files_under(tmp_path) == []
+
+
+def test_an_error_in_a_loop_releases_everything_even_when_closing_the_envs_fails(tmp_path, monkeypatch):
+  """An exception in the generation loop ends the run with that exception; the learner process,
+  its shared memory, the env pools and the run's open files are all released, and an envs.close()
+  that raises does not keep the learner process from being stopped (each in its own guard)."""
+  import ebrl  # pylint: disable=g-import-not-at-top
+  from ebrl.sampler import Sampler  # pylint: disable=g-import-not-at-top
+  from sim_adapters.groups import EnvGroups  # pylint: disable=g-import-not-at-top
+
+  calls, act, close, closed = [0], Sampler.act, EnvGroups.close, []
+
+  def failing_act(self, *args, **kwargs):
+    calls[0] += 1
+    if calls[0] > 40:
+      raise RuntimeError("injected fault in generation")
+    return act(self, *args, **kwargs)
+
+  def failing_close(self):
+    close(self)
+    closed.append(self)
+    raise OSError("pool close failed")
+
+  monkeypatch.setattr(Sampler, "act", failing_act)
+  monkeypatch.setattr(EnvGroups, "close", failing_close)
+  with pytest.raises(RuntimeError, match="injected fault in generation"):
+    ebrl.train(_run_config(10**9), str(tmp_path / "run"), progress=False, log=lambda m: None)
+  assert len(closed) == 1
+  assert _open_files_under(tmp_path) == []
+
+
+def test_a_bench_entry_that_ends_before_its_warm_up_releases_its_learner_process(tmp_path, monkeypatch):
+  from ebrl import benchmark  # pylint: disable=g-import-not-at-top
+  from ebrl.trainer import Trainer  # pylint: disable=g-import-not-at-top
+
+  monkeypatch.setattr(Trainer, "should_stop", lambda self, total: self.updates_done >= 2)
+  with pytest.raises(RuntimeError, match="ended before its warm-up finished"):
+    benchmark.run_one("ebrl@processes", _run_config(10**9), str(tmp_path / "bench"), warmup_updates=50, seconds=1.0)
+  assert _open_files_under(tmp_path) == []
+
+
+def test_a_dev_shm_too_small_for_the_learner_process_is_one_line_before_anything_is_kept(tmp_path, monkeypatch):
+  """placement=processes where /dev/shm cannot hold the ring and the state slot: the one-line error
+  comes while the run is built, before the child or a compile; nothing is left, no config.json is
+  written, so the same workdir takes the retry (here with the space back)."""
+  import ebrl  # pylint: disable=g-import-not-at-top
+  from ebrl.learner import Learner  # pylint: disable=g-import-not-at-top
+
+  workdir, real_free = tmp_path / "run", shm.free_bytes
+  monkeypatch.setattr(shm, "free_bytes", lambda path=shm.SHM_DIR: 4096)
+  inits, init = [], Learner.init  # Concrete inits (compiled and run); shapes taken by tracing do not count.
+
+  def spied_init(self, key):
+    if not isinstance(key, jax.core.Tracer):
+      inits.append(key)
+    return init(self, key)
+
+  monkeypatch.setattr(Learner, "init", spied_init)
+  with pytest.raises(ebrl.UserError) as e:
+    ebrl.train(_run_config(64), str(workdir), progress=False, log=lambda m: None)
+  message = str(e.value)
+  assert message.startswith("the learner process (placement=processes) needs ") and "\n" not in message
+  assert "which has 0.0 MiB free" in message and "--shm-size" in message and "placement=threads" in message
+  assert inits == [] and not (workdir / "config.json").exists()
+  assert _open_files_under(tmp_path) == []
+  monkeypatch.setattr(shm, "free_bytes", real_free)
+  summary = ebrl.train(_run_config(64), str(workdir), progress=False, log=lambda m: None)
+  assert summary["env_steps"] >= 64
 
 
 def _spawned() -> set[int]:
@@ -304,19 +425,45 @@ def _spawned() -> set[int]:
   return out
 
 
-def test_ctrl_c_with_a_learner_process_leaves_no_process_and_no_shared_memory(tmp_path):
-  from interrupt import interrupt_run  # pylint: disable=g-import-not-at-top
+PROCESS_RUN = ["--config.scheduler=ebrl", "--config.placement=processes", "--config.num_envs=8",
+               "--config.rollout_length=8", "--config.policy.hidden=(16,16)", "--config.algorithm.num_minibatches=2"]
 
-  before = _spawned()
-  summary = interrupt_run(tmp_path / "run", [
-      "--config.scheduler=ebrl", "--config.placement=processes", "--config.num_envs=8",
-      "--config.rollout_length=8", "--config.policy.hidden=(16,16)", "--config.algorithm.num_minibatches=2"])
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_to_the_process_group_stops_a_learner_process_run_cleanly_and_it_resumes(tmp_path, sig):
+  """Ctrl-C in a terminal, `timeout`, SLURM's scancel and preemption signal the whole group, the
+  learner process included: the run still stops after its update with a checkpoint and
+  summary.json, removes its shared memory itself (no "leaked" warning from the resource tracker),
+  leaves no process, and a resume continues from that checkpoint."""
+  import json  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+
+  from interrupt import ROOT, interrupt_run  # pylint: disable=g-import-not-at-top
+
+  before, out, blocks_before = _spawned(), [], set(shm.leftover_blocks())
+  # Each update takes the child 0.3 s longer: the signal finds one in flight, as it would a real run.
+  slow = ("import functools\nfrom ebrl import learner_process, trainer\ntrainer.LearnerProcessSpec = "
+          "functools.partial(learner_process.LearnerProcessSpec, delay_s=(0.3, 0.3))")
+  summary = interrupt_run(tmp_path / "run", PROCESS_RUN, sig=sig, output=out, preamble=slow)
   assert summary["policy_version"] > 0
+  assert "killed by" not in out[0] and "Traceback" not in out[0], out[0]
   deadline = time.time() + 10
   while _spawned() - before and time.time() < deadline:
     time.sleep(0.1)
   assert _spawned() - before == set()
-  assert shm.leftover_blocks() == [], "a shared-memory block outlived its run"
+  assert set(shm.leftover_blocks()) - blocks_before == set(), "a shared-memory block outlived its run"
+  if sig == signal.SIGINT:
+    return
+  steps = summary["env_steps"]
+  resumed = subprocess.run([sys.executable, "-m", "launch.train", "--progress=false", f"--workdir={tmp_path / 'run'}",
+                            *PROCESS_RUN, "--config.resume=True", f"--config.total_env_steps={steps + 256}"],
+                           cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True,
+                           timeout=300)
+  assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+  assert f"resumed from {tmp_path / 'run' / 'checkpoints' / str(steps)} at {steps} env steps" in resumed.stdout
+  after = json.loads((tmp_path / "run" / "summary.json").read_text())
+  assert after["env_steps"] >= steps + 256 and after["policy_version"] > summary["policy_version"]
 
 
 def test_under_mps_the_trainer_gives_the_learner_process_its_sm_share(tmp_path, monkeypatch):
@@ -327,6 +474,7 @@ def test_under_mps_the_trainer_gives_the_learner_process_its_sm_share(tmp_path, 
 
   daemon = type("Daemon", (), {"pipe_dir": str(tmp_path / "mps-pipe"), "stop": lambda self: None})()
   monkeypatch.setattr(gpu_sharing, "_current", gpu_sharing.GpuSharing("mps", "[placement] MPS (test)", daemon))
+  monkeypatch.setenv("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")  # Would make the child ignore its cap.
   cfg = _run_config(10**9)
   cfg.quotas.learner_sm_percent = 30
   trainer = Trainer(cfg, str(tmp_path / "run"), progress=False)
@@ -335,8 +483,9 @@ def test_under_mps_the_trainer_gives_the_learner_process_its_sm_share(tmp_path, 
     remote.update_segments(trainer.state, _run_batch(trainer))
     assert remote.child_env == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30",
                                 "CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "mps-pipe"),
-                                "XLA_PYTHON_CLIENT_MEM_FRACTION": str(gpu_sharing.LEARNER_MEM_FRACTION),
-                                "XLA_PYTHON_CLIENT_PREALLOCATE": "true"}
+                                "XLA_CLIENT_MEM_FRACTION": str(gpu_sharing.LEARNER_MEM_FRACTION),
+                                "XLA_PYTHON_CLIENT_PREALLOCATE": "true",
+                                "XLA_PYTHON_CLIENT_ALLOCATOR": None}  # Inherited, and dropped there.
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in os.environ
   finally:
     trainer.abort()
@@ -380,3 +529,34 @@ def _run_batch(trainer) -> SegmentBatch:
                       actions=np.zeros((t, b, trainer.action_size), np.float32), logp=np.zeros((t, b), np.float32),
                       rewards=np.zeros((t, b), np.float32), terminated=np.zeros((t, b), bool),
                       done=np.zeros((t, b), bool), valid=np.ones((t, b), bool), version=np.zeros((t, b), np.int32))
+
+
+def test_a_real_small_dev_shm_one_line_for_processes_and_auto_keeps_the_learner_here(tmp_path):
+  """For real: a 1 MiB tmpfs on /dev/shm in a private mount namespace (Docker's default is 64 MB),
+  too small for this policy's state slot. placement=processes stops with the one line (exit 2, no
+  "Bus error"); resources=auto's calibration does not start a learner process it cannot give the
+  space to, says so, and the run trains with the learner in its process."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+
+  from interrupt import ROOT  # pylint: disable=g-import-not-at-top
+  from test_transport import _private_small_shm  # pylint: disable=g-import-not-at-top
+
+  prefix = _private_small_shm("1m")
+  if prefix is None:
+    pytest.skip("no private mount namespace here (needs root and unshare); the faked statvfs tests cover the check")
+  run = [sys.executable, "-m", "launch.train", "--progress=false", "--config.scheduler=ebrl", "--config.num_envs=8",
+         "--config.rollout_length=8", "--config.policy.hidden=(256,256)", "--config.algorithm.num_minibatches=2",
+         "--config.total_env_steps=128"]
+  env = {**os.environ, "PYTHONPATH": ROOT, "EBRL_PROFILE_CACHE": str(tmp_path / "profiles")}
+  refused = subprocess.run([*prefix, *run, f"--workdir={tmp_path / 'a'}", "--config.placement=processes"],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert refused.returncode == 2, refused.stderr[-2000:]
+  line = refused.stderr.strip().splitlines()[-1]
+  assert line.startswith("error: the learner process (placement=processes) needs "), refused.stderr[-2000:]
+  assert "of shared memory in /dev/shm, which has" in line and "--shm-size" in line
+  auto = subprocess.run([*prefix, *run, f"--workdir={tmp_path / 'b'}", "--config.resources=auto"],
+                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert auto.returncode == 0, auto.stdout[-2000:] + auto.stderr[-2000:]
+  assert "[profile] placement: not measured: a learner process needs" in auto.stdout + auto.stderr
+  assert (tmp_path / "b" / "summary.json").is_file()

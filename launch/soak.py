@@ -30,6 +30,19 @@ after every launch, so a soak cut short still leaves its figures) and printed
 as a table; each launch's output is kept in
 `<workdir>/soak_logs/<soak start time>/`.
 
+`--faults` injects other faults than the SIGKILL of the whole launch, each
+planned kill taking the next of a shuffled cycle of the listed kinds (seeded by
+`--seed`, so every kind comes equally often): `sigterm_group` (SIGTERM to the
+launch's process group, as `timeout`, scancel or preemption send it),
+`sigkill_child` (the learner process alone; needs
+`--config.placement=processes`), `sigkill_parent` (the training process
+alone), `exception` (an exception raised in the generation loop, through
+launch.fault_train), `double_ctrl_c` (two SIGINTs to the group, 0.3 s apart)
+and `sigkill_group` (the default). After each, the launch's process group and
+its /dev/shm blocks get `--grace_s` to go; what is still there is counted as
+left over (and then killed). `--max_faults` ends the soak after that many
+faults and one more launch that resumes, checkpoints and is stopped with SIGINT.
+
 `--train_args` passes further `launch.train` flags (e.g. smaller configs for a
 quick check); the soak owns `--workdir`, `--config.resume` and
 `--config.total_env_steps`. `--train_module` swaps in a drop-in for
@@ -42,6 +55,7 @@ import datetime
 import json
 import math
 import os
+import random
 import re
 import shlex
 import signal
@@ -53,6 +67,7 @@ from absl import flags
 
 from launch import common
 from ebrl.errors import UserError
+from ebrl.transport import shm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -71,6 +86,11 @@ _TRAIN_ARGS = flags.DEFINE_string("train_args", "", "Further launch.train flags,
 _OUT = flags.DEFINE_string("out", "soak.json", "Where to write the JSON results.")
 _TRAIN_MODULE = flags.DEFINE_string("train_module", "launch.train",
                                     "Module each launch runs: launch.train, or a drop-in that takes its flags.")
+FAULTS = ("sigkill_group", "sigterm_group", "sigkill_child", "sigkill_parent", "exception", "double_ctrl_c")
+_FAULTS = flags.DEFINE_list("faults", ["sigkill_group"], f"Faults the planned kills inject; any of {', '.join(FAULTS)}.")
+_MAX_FAULTS = flags.DEFINE_integer("max_faults", 0, "End after this many faults and one resumed launch (0: no cap).")
+_SEED = flags.DEFINE_integer("seed", 0, "Seed of the order of the faults.")
+_GRACE_S = flags.DEFINE_float("grace_s", 20.0, "How long a faulted launch's processes and /dev/shm blocks may take to go.")
 
 # The soak decides these itself: where the run lives, that relaunches resume, that the budget never ends it.
 _OWNED = ("--workdir", "--config.resume", "--config.total_env_steps")
@@ -260,6 +280,10 @@ class _Launch:
     self.stop_s: float | None = None
     self.ended_t: float | None = None
     self.kill_delay_s: float | None = None  # How long a planned kill waited for this launch's first checkpoint.
+    self.fault: str | None = None  # The fault injected (--faults), and what it left behind.
+    self.fault_exit_s: float | None = None
+    self.leftover_processes: list[str] | None = None
+    self.leftover_blocks: list[str] | None = None
 
   def checkpointed(self) -> bool:
     """Whether this launch has committed a checkpoint past the one it resumed from.
@@ -330,6 +354,68 @@ class _Launch:
     self._reap()
     self.ended = why
 
+  def group(self) -> list[int]:
+    """Live processes of this launch's process group (its own session), the launch excluded."""
+    out = []
+    for name in os.listdir("/proc"):
+      if not name.isdigit() or int(name) == self.proc.pid:
+        continue
+      try:
+        with open(f"/proc/{name}/stat") as f:
+          fields = f.read().rsplit(")", 1)[1].split()
+      except OSError:
+        continue
+      if int(fields[2]) == self.proc.pid and fields[0] != "Z":
+        out.append(int(name))
+    return out
+
+  def learner_process(self) -> int | None:
+    """The launch's spawned learner process, if it has one."""
+    for pid in self.group():
+      try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+          cmd = f.read()
+        with open(f"/proc/{pid}/stat") as f:
+          ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+      except OSError:
+        continue
+      if ppid == self.proc.pid and b"multiprocessing.spawn" in cmd:
+        return pid
+    return None
+
+  def inject(self, fault: str, wait_s: float, grace_s: float) -> None:
+    """Ends the launch with `fault` (see the module's docstring), waits up to `wait_s` for it to
+    exit and `grace_s` more for its processes and shared memory to go, and records what was left."""
+    pid = self.proc.pid
+    sent = time.time()
+    if fault == "sigkill_group":  # multiprocessing's resource tracker dies too: its blocks stay.
+      os.killpg(pid, signal.SIGKILL)
+    elif fault == "sigterm_group":
+      os.killpg(pid, signal.SIGTERM)
+    elif fault == "sigkill_parent":
+      os.kill(pid, signal.SIGKILL)
+    elif fault == "sigkill_child":
+      child = self.learner_process()
+      if child is None:
+        raise UserError("--faults=sigkill_child needs a learner process: pass "
+                        "--train_args=--config.placement=processes")
+      os.kill(child, signal.SIGKILL)
+    elif fault == "exception":
+      os.kill(pid, signal.SIGUSR1)  # launch.fault_train raises in the generation loop.
+    elif fault == "double_ctrl_c":
+      os.killpg(pid, signal.SIGINT)
+      time.sleep(0.3)
+      os.killpg(pid, signal.SIGINT)
+    while not self.exited() and time.time() - sent < wait_s:
+      time.sleep(0.1)
+    self.fault, self.fault_exit_s = fault, time.time() - sent
+    deadline = time.time() + grace_s
+    while (self.group() or shm.leftover_blocks(pid)) and time.time() < deadline:
+      time.sleep(0.2)
+    self.leftover_processes = [_cmdline(p) for p in self.group()]
+    self.leftover_blocks = shm.leftover_blocks(pid)
+    self.kill("killed")
+
   def stop(self, timeout_s: float) -> None:
     """SIGINT, as a user's Ctrl-C; SIGKILL if it has not exited within `timeout_s`."""
     self.sample()  # The end-of-soak figure, before the final checkpoint and plots allocate.
@@ -383,8 +469,38 @@ class _Launch:
         "rss_first_row_mb": self.rss_first_row, "rss_steady_mb": steady[1] if steady else None,
         "rss_end_mb": rss[-1] if rss else None, "rss_growth_mb_per_min": growth,
         "rss_max_mb": max(rss) if rss else None, "rss_samples": len(rss), "stop_s": self.stop_s,
-        "kill_delay_s": self.kill_delay_s,
+        "kill_delay_s": self.kill_delay_s, "fault": self.fault, "fault_exit_s": self.fault_exit_s,
+        "leftover_processes": self.leftover_processes, "leftover_blocks": self.leftover_blocks,
+        "fault_outcome": _fault_outcome(self.fault, self.proc.returncode, self.log_path) if self.fault else None,
     }
+
+
+def _cmdline(pid: int) -> str:
+  try:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+      cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+  except OSError:
+    return str(pid)
+  return f"{pid}: {cmd[:200]}"
+
+
+# What each fault must end in: the exit status, and the run's last line where it says something.
+_EXPECTED = {"sigkill_group": (-signal.SIGKILL, None), "sigkill_parent": (-signal.SIGKILL, None),
+             "sigterm_group": (0, "outputs in "), "sigkill_child": (1, "error: learner process"),
+             "exception": (1, "InjectedFault"), "double_ctrl_c": (-signal.SIGINT, None)}
+
+
+def _fault_outcome(fault: str, returncode: int | None, log_path: str) -> dict:
+  """Whether the launch ended as `fault` should end it (its exit status and last line)."""
+  code, last = _EXPECTED[fault]
+  try:
+    with open(log_path, errors="replace") as f:
+      lines = [l.strip() for l in f.read().splitlines() if l.strip()]
+  except OSError:
+    lines = []
+  said = lines[-1] if lines else ""
+  ok = returncode == code and (last is None or last in said)
+  return {"expected_returncode": code, "last_line": said[:300], "as_expected": ok}
 
 
 def _monotone(launches: list[dict]) -> bool:
@@ -427,6 +543,24 @@ def _overall(launches: list[_Launch], reports: list[dict], wall_s: float) -> dic
       "orbax_tmp_dirs_left": sorted(n for n in _listdir(first.ckpt_dir) if ".orbax-checkpoint-tmp" in n),
       "final_stop": {"ended": last.ended, "returncode": last.proc.returncode, "stop_s": last.stop_s,
                      "clean": last.ended == "stopped" and last.proc.returncode == 0},
+      **_fault_totals(reports),
+  }
+
+
+def _fault_totals(reports: list[dict]) -> dict:
+  faulted = [r for r in reports if r["fault"]]
+  if not faulted:
+    return {}
+  def resumed(r: dict) -> bool:  # The next launch restored exactly the newest checkpoint.
+    return r["index"] + 1 < len(reports) and bool(reports[r["index"] + 1]["resume_ok"])
+
+  return {
+      "faults": len(faulted),
+      "faults_by_kind": {k: sum(r["fault"] == k for r in faulted) for k in FAULTS if any(r["fault"] == k for r in faulted)},
+      "faults_as_expected": sum(r["fault_outcome"]["as_expected"] for r in faulted),
+      "runs_resumed": sum(resumed(r) for r in faulted),
+      "leftover_processes": sum(len(r["leftover_processes"] or []) for r in faulted),
+      "leftover_blocks": sum(len(r["leftover_blocks"] or []) for r in faulted),
   }
 
 
@@ -457,6 +591,10 @@ def _print_table(out: dict) -> None:
           f"{f'{growth:+.1f}' if growth is not None else '-':>8}  {resume}")
   o = out["overall"]
   change = f"{o['rss_change']:+.1%}" if o["rss_change"] is not None else "-"
+  if o.get("faults"):
+    print(f"faults: {o['faults']} ({', '.join(f'{k} {n}' for k, n in o['faults_by_kind'].items())}); ended as "
+          f"expected: {o['faults_as_expected']}/{o['faults']}; runs resumed: {o['runs_resumed']}/{o['faults']}; "
+          f"left over: {o['leftover_processes']} processes, {o['leftover_blocks']} /dev/shm blocks")
   print(f"RSS {_mb(o['rss_start_mb'])} -> {_mb(o['rss_end_mb'])} ({change}; within 10%: "
         f"{'yes' if o['rss_within_10pct'] else 'no'}); env steps monotone: "
         f"{'yes' if o['env_steps_monotone'] else 'no'}; hangs: {o['hangs']}; "
@@ -489,6 +627,24 @@ def main(argv: list[str]) -> None:
   if _NUM_ENVS.value <= 0:
     raise UserError(f"--num_envs={_NUM_ENVS.value} must be positive")
   extra = _train_args(_TRAIN_ARGS.value)
+  bad = [f for f in _FAULTS.value if f not in FAULTS]
+  if bad or not _FAULTS.value:
+    raise UserError(f"--faults={','.join(_FAULTS.value)}: unknown {', '.join(bad) or 'empty list'}; valid: "
+                    f"{', '.join(FAULTS)}")
+  if _MAX_FAULTS.value < 0:
+    raise UserError(f"--max_faults={_MAX_FAULTS.value} must be >= 0 (0: no cap)")
+  _positive("grace_s", _GRACE_S.value)
+  module = _TRAIN_MODULE.value
+  if "exception" in _FAULTS.value and module == "launch.train":
+    module = "launch.fault_train"  # launch.train, with SIGUSR1 raising in the generation loop.
+  rng = random.Random(_SEED.value)
+  cycle: list[str] = []
+
+  def next_fault() -> str:
+    if not cycle:  # A shuffled round of every kind: random order, each kind equally often.
+      cycle.extend(rng.sample(_FAULTS.value, len(_FAULTS.value)))
+    return cycle.pop()
+
   out_path = os.path.abspath(_OUT.value)
   _check_out(out_path)
   workdir, logs = _workdir(_WORKDIR.value, _RESUME.value, datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
@@ -506,14 +662,14 @@ def main(argv: list[str]) -> None:
   out = {"env": _ENV.value, "scheduler": "ebrl", "num_envs": _NUM_ENVS.value, "minutes": _MINUTES.value,
          "checkpoint_every_s": _CHECKPOINT_EVERY_S.value, "kill_every_s": _KILL_EVERY_S.value,
          "hang_s": _HANG_S.value, "steady_s": _STEADY_S.value, "workdir": workdir,
-         "train_argv": [_TRAIN_MODULE.value, *args],
+         "train_argv": [module, *args], "faults": _FAULTS.value, "seed": _SEED.value,
          "date": datetime.datetime.fromtimestamp(t0).isoformat("T", "seconds"),
          "interrupted": False, "launches": [], "overall": None}
   launches: list[_Launch] = []
-  failures_in_a_row = 0
+  failures_in_a_row = faults = 0
   try:
     while time.time() < deadline and failures_in_a_row < 3:
-      launch = _Launch(len(launches), _TRAIN_MODULE.value, args, workdir, logs, t0, _STEADY_S.value)
+      launch = _Launch(len(launches), module, args, workdir, logs, t0, _STEADY_S.value)
       launches.append(launch)
       print(f"[soak] launch {launch.index} at {launch.started - t0:.0f} s (pid {launch.proc.pid}); "
             f"newest checkpoint: {launch.expected_resume}", flush=True)
@@ -536,7 +692,11 @@ def main(argv: list[str]) -> None:
             kills.clear()  # Too late: the last launch would end before its RSS is steady.
           elif launch.checkpointed():
             launch.kill_delay_s = now - kills.pop(0)
-            launch.kill("killed")
+            launch.inject(next_fault(), _STOP_TIMEOUT_S.value, _GRACE_S.value)
+            faults += 1
+            if _MAX_FAULTS.value and faults >= _MAX_FAULTS.value:  # One more launch: resume, checkpoint, stop.
+              kills.clear()
+              deadline = min(deadline, time.time() + _STEADY_S.value)
       launch.close()
       report = launch.report()
       out["launches"].append(report)
@@ -544,7 +704,7 @@ def main(argv: list[str]) -> None:
       if report["ended"] == "exited" and launch.index == 0 and report["metrics_rows"] == 0:
         with open(launch.log_path, errors="replace") as f:
           last = [l for l in f.read().splitlines() if l.strip()][-1:]
-        raise UserError(f"{_TRAIN_MODULE.value} exited with {report['returncode']} before training: "
+        raise UserError(f"{module} exited with {report['returncode']} before training: "
                         f"{last[0] if last else '(no output)'}; see {launch.log_path}")
       print(f"[soak] launch {launch.index} {report['ended']} after {report['duration_s']:.0f} s at "
             f"{_steps(report['end_env_steps'])} env steps, RSS {_mb(report['rss_end_mb'])}", flush=True)

@@ -74,6 +74,29 @@ def test_short_soak_kills_resumes_and_reports(tmp_path):
   assert f"resumes succeeded: {kills}/{kills}" in proc.stdout
 
 
+def test_a_fault_soak_injects_each_fault_and_counts_what_it_left(tmp_path):
+  """--faults: each planned kill injects the next fault of a shuffled round (here every kind once),
+  checks that the launch ended as that fault should end it, counts the processes and /dev/shm
+  blocks it left, and the next launch resumes from the newest checkpoint."""
+  workdir, out = str(tmp_path / "run"), str(tmp_path / "soak.json")
+  faults = ["exception", "sigkill_parent", "double_ctrl_c"]
+  proc = _soak("--minutes=5", "--kill_every_s=1", "--checkpoint_every_s=3", "--sample_every_s=1", "--steady_s=5",
+               "--num_envs=10", f"--faults={','.join(faults)}", "--max_faults=3", "--grace_s=15",
+               f"--train_args=--config.placement=processes {TINY_TRAIN}", f"--workdir={workdir}", f"--out={out}",
+               timeout=400)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  assert not _alive_in(workdir)
+  with open(out) as f:
+    report = json.load(f)
+  o, launches = report["overall"], report["launches"]
+  assert sorted(l["fault"] for l in launches[:3]) == sorted(faults) and launches[3]["fault"] is None
+  assert o["faults"] == 3 and o["faults_as_expected"] == 3, [l["fault_outcome"] for l in launches]
+  assert o["runs_resumed"] == 3 and o["leftover_processes"] == 0 and o["leftover_blocks"] == 0
+  assert o["env_steps_monotone"] is True and o["final_stop"]["clean"] is True
+  assert report["train_argv"][0] == "launch.fault_train"  # The exception comes through the drop-in.
+  assert "ended as expected: 3/3; runs resumed: 3/3; left over: 0 processes, 0 /dev/shm blocks" in proc.stdout
+
+
 @pytest.mark.parametrize("args, expected", [
     (["--minutes=0"], "--minutes=0.0 must be a positive finite number"),
     (["--minutes=nan"], "--minutes=nan must be a positive finite number"),
@@ -83,6 +106,8 @@ def test_short_soak_kills_resumes_and_reports(tmp_path):
     (["--out=/proc/no-such-dir/soak.json"], "--out=/proc/no-such-dir/soak.json is not writable"),
     (["--train_args=--config.total_env_steps=5"], "the soak sets --config.total_env_steps itself"),
     (["--train_args=--config.seed='1"], "--train_args:"),
+    (["--faults=sigkill,sigterm_group"], "--faults=sigkill,sigterm_group: unknown sigkill; valid: sigkill_group"),
+    (["--max_faults=-1"], "--max_faults=-1 must be >= 0"),
 ])
 def test_bad_flags_are_one_line_exit_2(args, expected, tmp_path):
   proc = _soak(*args, f"--workdir={tmp_path / 'run'}", timeout=60)

@@ -657,7 +657,9 @@ def main(argv: list[str]) -> None:
   t0 = time.time()
   deadline = t0 + _MINUTES.value * 60.0
   kills = _kill_times(t0, _MINUTES.value, _KILL_EVERY_S.value, _STEADY_S.value)
-  print(f"[soak] {_MINUTES.value:g} min in {workdir}: {len(kills)} SIGKILL + resume, "
+  planned = min(len(kills), _MAX_FAULTS.value or len(kills))
+  what = "SIGKILL" if _FAULTS.value == ["sigkill_group"] else f"faults ({', '.join(_FAULTS.value)})"
+  print(f"[soak] {_MINUTES.value:g} min in {workdir}: up to {planned} {what} + resume, "
         f"checkpoints every {_CHECKPOINT_EVERY_S.value:g} s", flush=True)
   out = {"env": _ENV.value, "scheduler": "ebrl", "num_envs": _NUM_ENVS.value, "minutes": _MINUTES.value,
          "checkpoint_every_s": _CHECKPOINT_EVERY_S.value, "kill_every_s": _KILL_EVERY_S.value,

@@ -48,21 +48,22 @@ def _new_name(tag: str) -> str:
   return f"{PREFIX}{os.getpid()}_{secrets.token_hex(4)}_{tag}_{next(_counter)}"
 
 
-def free_bytes(path: str = SHM_DIR) -> int | None:
-  """Bytes an unprivileged process may still allocate in `path`'s filesystem; None if unknown."""
+def _statvfs(path: str) -> os.statvfs_result | None:
   try:
-    st = os.statvfs(path)
+    return os.statvfs(path)
   except OSError:
     return None
-  return st.f_bavail * st.f_frsize
+
+
+def free_bytes(path: str = SHM_DIR) -> int | None:
+  """Bytes an unprivileged process may still allocate in `path`'s filesystem; None if unknown."""
+  st = _statvfs(path)
+  return None if st is None else st.f_bavail * st.f_frsize
 
 
 def _total_bytes(path: str = SHM_DIR) -> int | None:
-  try:
-    st = os.statvfs(path)
-  except OSError:
-    return None
-  return st.f_blocks * st.f_frsize
+  st = _statvfs(path)
+  return None if st is None else st.f_blocks * st.f_frsize
 
 
 def space_message(needed: int, free: int | None, what: str) -> str:

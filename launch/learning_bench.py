@@ -39,7 +39,8 @@ from absl import flags
 
 from launch import common
 
-_TASKS = flags.DEFINE_list("tasks", ["Reach-v3"], "MetaWorld task names (without 'MetaWorld/').")
+_TASKS = flags.DEFINE_list("tasks", ["Reach-v3"], "MetaWorld task names (without 'MetaWorld/'); 'all' = the 50 "
+                           "tasks EnvPool registers (MT50's).")
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1"], "Seeds; every system runs each.")
 _STEPS = flags.DEFINE_integer("steps", 600_000, "Env steps per run.")
 _SCHEDULERS = flags.DEFINE_list("schedulers", ["sync"], "EBRL schedulers to run (each a system); empty = "
@@ -50,6 +51,9 @@ _PEER_SCRIPT = flags.DEFINE_string("peer_script", None, "The peer harness, sb3_p
 _PEER_SEEDS = flags.DEFINE_list("peer_seeds", None, "Seeds for the peer (default: --seeds).")
 _PEER_MINUTES = flags.DEFINE_float("peer_minutes", 15.0, "Wall cap of one peer run.")
 _TARGET = flags.DEFINE_float("target", 0.9, "Success over 100 episodes that counts as solved.")
+_STEPS_RATIO = flags.DEFINE_float("steps_ratio", 1.25, "A system matches the peer on a task the peer solves when "
+                                  "every seed reaches --target, ends at it, and its median env steps to it are at "
+                                  "most this many times the peer's median.")
 _OUT = flags.DEFINE_string("out", "learning/learning.json", "The JSON; plots and runs/ go beside it.")
 _RERUN = flags.DEFINE_bool("rerun", False, "Run everything again instead of reusing finished runs.")
 _CONFIG_OVERRIDES = flags.DEFINE_multi_string(
@@ -60,11 +64,16 @@ WINDOW = 100  # Episodes in the success window (EBRL's EpisodeTracker and the ac
 CURVE_POINTS = 300  # Points per run kept in the JSON (plots need no more).
 
 
+def _tasks() -> list[str]:
+  from sim_adapters import metaworld_tasks
+  return list(metaworld_tasks()) if _TASKS.value == ["all"] else list(_TASKS.value)
+
+
 def _check_flags() -> tuple[list[int], list[int]]:
   """Every flag, and the output path, before the first run (a late error would waste them)."""
   from ebrl.validation import SCHEDULERS
   from sim_adapters import UnknownEnvError, check_env_name
-  for task in _TASKS.value:
+  for task in _tasks():
     try:
       check_env_name(f"MetaWorld/{task}")
     except UnknownEnvError as e:
@@ -76,6 +85,8 @@ def _check_flags() -> tuple[list[int], list[int]]:
   for s in _SCHEDULERS.value:
     if s not in SCHEDULERS or s == "random":
       common.fail(f"--schedulers: '{s}' is not a learning scheduler; valid: sync, pipelined, ebrl")
+  if not math.isfinite(_STEPS_RATIO.value) or _STEPS_RATIO.value <= 0:
+    common.fail(f"--steps_ratio={_STEPS_RATIO.value} must be a positive number")
   if not 0 < _TARGET.value <= 1 or not math.isfinite(_PEER_MINUTES.value) or _PEER_MINUTES.value <= 0:
     common.fail(f"--target={_TARGET.value} must be in (0, 1] and --peer_minutes={_PEER_MINUTES.value} positive")
   if (_PEER_PYTHON.value is None) != (_PEER_SCRIPT.value is None):
@@ -225,16 +236,25 @@ def median_time(runs: dict) -> float | None:
   return None if mid == float("inf") else mid
 
 
-def verdict(task_runs: dict, target: float) -> dict:
+def median_steps(runs: dict) -> float | None:
+  """Median env steps to target over seeds, a seed that never got there counting as later than any
+  that did (None when half or more never did)."""
+  return median_time({s: {"time_to_target_s": r["env_steps_to_target"]} for s, r in runs.items()})
+
+
+def verdict(task_runs: dict, target: float, steps_ratio: float = 1.25) -> dict:
   """Per EBRL system, against the peer. A task the peer solves (any seed) needs every EBRL seed to
   reach the target no later in wall time than the peer's run of the same seed (run back to back;
   the peer's seed 0 where it ran one seed, and a peer seed that never reached it counts as 'no
-  later'), and to end at >= target. The medians over seeds are reported beside it."""
+  later'), and to end at >= target: `meets`. In samples (`meets_steps`): every seed reaches the
+  target and ends at it, and the median env steps to it are at most `steps_ratio` times the
+  peer's median. The medians over seeds are reported beside them."""
   peer = task_runs.get("sb3", {})
   peer_times = {s: r["time_to_target_s"] for s, r in peer.items()}
   solved = [t for t in peer_times.values() if t is not None]
+  peer_steps = median_steps(peer) if peer else None
   out = {"peer_solved": bool(solved), "peer_time_to_target_s": peer_times,
-         "peer_median_time_to_target_s": median_time(peer)}
+         "peer_median_time_to_target_s": median_time(peer), "peer_median_env_steps_to_target": peer_steps}
   for system, runs in task_runs.items():
     if system == "sb3":
       continue
@@ -244,10 +264,15 @@ def verdict(task_runs: dict, target: float) -> dict:
     held = all(f is not None and f >= target for f in finals)
     bar = lambda s: peer_times.get(s, peer_times.get("0", min(solved) if solved else None))
     faster = reached and all(bar(s) is None or t <= bar(s) for s, t in times.items())
+    steps = median_steps(runs)
+    ratio = steps / peer_steps if steps is not None and peer_steps else None
     out[system] = {"reached_every_seed": reached, "final_at_target_every_seed": held,
                    "no_later_than_peer": faster if solved else None,
                    "median_time_to_target_s": median_time(runs),
-                   "meets": (reached and held and faster) if solved else None}
+                   "meets": (reached and held and faster) if solved else None,
+                   "median_env_steps_to_target": steps, "steps_ratio": ratio,
+                   "meets_steps": (reached and held and ratio is not None and ratio <= steps_ratio)
+                                  if peer_steps is not None else None}
   return out
 
 
@@ -286,7 +311,7 @@ def main(argv: list[str]) -> None:
   runs_dir = os.path.join(out_dir, "runs")
   os.makedirs(runs_dir, exist_ok=True)
   results: dict = {}
-  for task in _TASKS.value:
+  for task in _tasks():
     task_runs = results.setdefault(task, {})
     for scheduler in _SCHEDULERS.value:
       for seed in seeds:
@@ -303,12 +328,17 @@ def main(argv: list[str]) -> None:
     plot_task(task, task_runs, os.path.join(out_dir, f"{task}.png"), _TARGET.value)
   report = {"date": datetime.date.today().isoformat(), "machine": common.machine_info(), "steps": _STEPS.value,
             "target": _TARGET.value, "window_episodes": WINDOW, "overrides": _CONFIG_OVERRIDES.value,
-            "verdicts": {t: verdict(r, _TARGET.value) for t, r in results.items()}, "runs": results}
+            "steps_ratio": _STEPS_RATIO.value,
+            "verdicts": {t: verdict(r, _TARGET.value, _STEPS_RATIO.value) for t, r in results.items()},
+            "runs": results}
   tmp = _OUT.value + ".tmp"
   with open(tmp, "w") as f:
     json.dump(report, f, indent=1)
   os.replace(tmp, _OUT.value)
   _print_table(results, report["verdicts"])
+  print()
+  for line in task_table(results, report["verdicts"]):
+    print(line)
   print(f"wrote {_OUT.value} and {len(results)} plots in {out_dir}")
 
 
@@ -337,6 +367,34 @@ def _print_table(results: dict, verdicts: dict) -> None:
     medians["sb3"] = v["peer_median_time_to_target_s"]
     shown = {k: None if m is None else round(m, 1) for k, m in medians.items()}
     print(f"{task}: peer solved {v['peer_solved']}; meets: {judged}; median time to target (s): {shown}")
+
+
+def task_table(results: dict, verdicts: dict) -> list[str]:
+  """One row per task, in samples: each system's env steps to the target and final success per
+  seed, the ratio of the medians to the peer's and the verdict (what BENCHMARKS.md keeps for
+  sweeps over many tasks)."""
+  systems = sorted({s for runs in results.values() for s in runs if s != "sb3"})
+  k = lambda v: "never" if v is None else f"{v / 1000:,.0f}k"
+  f = lambda v: "-" if v is None else f"{v:.2f}"
+  lines = ["| task | SB3: env steps to target | SB3 final | " + " | ".join(
+      f"EBRL {s}: env steps to target | EBRL {s} final | ratio | verdict" for s in systems) + " |",
+           "| --- | ---: | ---: | " + " | ".join("---: | ---: | ---: | ---" for _ in systems) + " |"]
+  for task, runs in results.items():
+    peer, v = runs.get("sb3", {}), verdicts[task]
+    row = [task, " / ".join(k(r["env_steps_to_target"]) for _, r in sorted(peer.items())) or "-",
+           " / ".join(f(r["final_success"]) for _, r in sorted(peer.items())) or "-"]
+    for system in systems:
+      own, sv = runs.get(system, {}), v.get(system, {})
+      if sv.get("meets_steps") is None:
+        said = "EBRL solves, SB3 does not" if sv.get("reached_every_seed") else "neither solves"
+      else:
+        said = "meets" if sv["meets_steps"] else "short of the peer"
+      ratio = sv.get("steps_ratio")
+      row += [" / ".join(k(r["env_steps_to_target"]) for _, r in sorted(own.items())) or "-",
+              " / ".join(f(r["final_success"]) for _, r in sorted(own.items())) or "-",
+              "-" if ratio is None else f"{ratio:.2f}", said]
+    lines.append("| " + " | ".join(row) + " |")
+  return lines
 
 
 if __name__ == "__main__":

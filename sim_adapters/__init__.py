@@ -29,6 +29,12 @@ def known_env_names() -> tuple[str, ...]:
   return tuple(envpool.list_all_envs()) + MULTI_TASK_NAMES
 
 
+def metaworld_tasks() -> tuple[str, ...]:
+  """Every single MetaWorld task EnvPool registers ("Reach-v3", ...: the 50 of MT50), in its order."""
+  prefix = "MetaWorld/"
+  return tuple(n[len(prefix):] for n in known_env_names() if n.startswith(prefix) and n not in MULTI_TASK_NAMES)
+
+
 def check_env_name(name: str) -> None:
   """Raises UnknownEnvError naming the closest valid names."""
   from sim_adapters.mjx import names as device_names

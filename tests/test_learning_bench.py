@@ -34,6 +34,35 @@ def _run(t, final, steps=1000):
   return {"time_to_target_s": t, "final_success": final, "env_steps_to_target": steps if t else None}
 
 
+def test_the_samples_verdict_compares_median_env_steps_against_the_ratio():
+  """meets_steps: every seed reaches the target and ends at it, and the median env steps to it are
+  at most steps_ratio x the peer's median (a seed that never got there is later than any that did)."""
+  peer = {"0": _run(30.0, 0.95, steps=200_000)}
+  ok = {"sync": {"0": _run(40.0, 0.95, steps=240_000), "1": _run(45.0, 0.92, steps=260_000)}, "sb3": peer}
+  v = lb.verdict(ok, 0.9, steps_ratio=1.25)
+  assert v["peer_median_env_steps_to_target"] == 200_000
+  assert v["sync"]["median_env_steps_to_target"] == 250_000 and v["sync"]["steps_ratio"] == 1.25
+  assert v["sync"]["meets_steps"] is True and v["sync"]["meets"] is False  # Later in wall time.
+  assert lb.verdict(ok, 0.9, steps_ratio=1.2)["sync"]["meets_steps"] is False
+  one_short = {"sync": {"0": _run(40.0, 0.95, steps=100_000), "1": _run(None, 0.3)}, "sb3": peer}
+  assert lb.verdict(one_short, 0.9)["sync"]["meets_steps"] is False  # Every seed must get there.
+  dips = {"sync": {"0": _run(40.0, 0.95, steps=100_000), "1": _run(45.0, 0.85, steps=100_000)}, "sb3": peer}
+  assert lb.verdict(dips, 0.9)["sync"]["meets_steps"] is False  # And end at it.
+  unsolved = {"sync": {"0": _run(40.0, 0.95, steps=100_000)}, "sb3": {"0": _run(None, 0.4)}}
+  assert lb.verdict(unsolved, 0.9)["sync"]["meets_steps"] is None
+  lines = lb.task_table({"A-v3": ok, "B-v3": unsolved}, {"A-v3": v, "B-v3": lb.verdict(unsolved, 0.9)})
+  assert lines[2] == "| A-v3 | 200k | 0.95 | 240k / 260k | 0.95 / 0.92 | 1.25 | meets |"
+  assert lines[3] == "| B-v3 | never | 0.40 | 100k | 0.95 | - | EBRL solves, SB3 does not |"
+
+
+def test_all_means_the_fifty_metaworld_tasks():
+  from sim_adapters import metaworld_tasks  # pylint: disable=g-import-not-at-top
+
+  tasks = metaworld_tasks()
+  assert len(tasks) == 50 == len(set(tasks)) and "Reach-v3" in tasks and "PickPlaceWall-v3" in tasks
+  assert not any(t.startswith("MT") for t in tasks)
+
+
 def test_verdict_needs_every_seed_to_reach_hold_and_beat_the_peer_run_of_its_seed():
   peer = {"0": _run(30.0, 0.95), "1": _run(50.0, 0.9)}
   good = {"sync": {"0": _run(20.0, 0.95), "1": _run(49.0, 0.91)}, "sb3": peer}

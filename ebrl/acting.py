@@ -58,13 +58,14 @@ class Finished(NamedTuple):
   success: jax.Array  # f32 [T, N]
 
 
-def device_unroll(sim, policy, horizon: int, gamma: float, reward_scale: float):
+def device_unroll(sim, policy, horizon: int, gamma: float):
   """(params, sim_state, key) -> (sim_state, rows): T steps of policy sample + sim step for every
   env, as one lax.scan (traced inside the caller's jit). rows hold [T, N] obs, actions, logp,
-  values, rewards, done and Finished. A truncated episode bootstraps from the value of its final
-  observation: gamma * V(final_obs) / reward_scale is added to that step's reward, which it marks
-  terminal (ebrl/scheduler/device_sync.py says why). The sync rollout, the ebrl device groups and
-  the device evaluator all unroll with it.
+  values, rewards, bootstrap, done and Finished. A truncated episode bootstraps from the value of
+  its final observation: `bootstrap` is gamma * V(final_obs) on that step (0 elsewhere), which the
+  learner adds to the step's reward after scaling it, and the step counts as terminal
+  (ebrl/scheduler/device_sync.py says why). The sync rollout, the ebrl device groups and the
+  device evaluator all unroll with it.
 
   params are the policy's, plus "value_norm" (the ParamStore's `with_value_stats`): the critic
   predicts standardised returns, and the truncation bootstrap is folded in return units.
@@ -80,8 +81,8 @@ def device_unroll(sim, policy, horizon: int, gamma: float, reward_scale: float):
       v_final = jax.lax.cond(jnp.any(nxt.truncated), lambda: value(params, nxt.final_obs),
                              lambda: jnp.zeros_like(v))
       v_final = normalizer.unstandardize(params["value_norm"], v_final)
-      reward = nxt.reward + jnp.where(nxt.truncated, gamma * v_final / reward_scale, 0.0)
-      row = dict(obs=obs, actions=action, logp=logp, values=v, rewards=reward, done=nxt.done,
+      row = dict(obs=obs, actions=action, logp=logp, values=v, rewards=nxt.reward,
+                 bootstrap=jnp.where(nxt.truncated, gamma * v_final, 0.0), done=nxt.done,
                  fin=Finished(nxt.done, nxt.done_return, nxt.done_length, nxt.done_success))
       return nxt, row
 

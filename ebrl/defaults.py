@@ -72,6 +72,9 @@ def get_config() -> ml_collections.ConfigDict:
       # (0 = every epoch runs).
       target_kl=0.0,
       reward_scale=0.1,
+      # Rewards divided by a running std of each env's discounted return (as Stable-Baselines3's
+      # VecNormalize), before reward_scale multiplies them (ebrl/normalizer.py normalize_rewards).
+      reward_norm=False,
       # The critic predicts returns standardised by running statistics of its targets, whose
       # history weighs as at most value_norm_count samples.
       value_norm=False,

@@ -168,7 +168,7 @@ class DeviceRunner:
     sim = self.sim
     chunk = min(100, self.spec.max_episode_steps)
     # Training's unroll; its rewards and values are not used here (no value statistics needed).
-    unroll, _ = device_unroll(sim, policy, chunk, gamma=1.0, reward_scale=1.0)
+    unroll, _ = device_unroll(sim, policy, chunk, gamma=1.0)
     acting = {**params, "value_norm": normalizer.init_stats(1)}
 
     @jax.jit

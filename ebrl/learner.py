@@ -59,6 +59,10 @@ class LearnerConfig:
   # Stable-Baselines3 does; 0 = every epoch runs.
   target_kl: float = 0.0
   reward_scale: float = 1.0
+  # Reward normalisation (ebrl/normalizer.py normalize_rewards): rewards divided by a running std of
+  # each env's discounted return, then multiplied by reward_scale. num_envs sizes the per-env returns.
+  reward_norm: bool = False
+  num_envs: int = 1
   # Value normalisation: the critic predicts returns standardised by running statistics of the
   # value targets (TrainState.value_norm), whose history weighs as at most value_norm_count
   # samples so they follow the returns as the policy improves. Off: the identity.
@@ -85,6 +89,7 @@ class LearnerConfig:
         gamma=layout.gamma, gae_lambda=a.gae_lambda, epochs=a.epochs, num_minibatches=a.num_minibatches,
         learning_rate=a.learning_rate, lr_schedule=a.lr_schedule, total_updates=layout.total_updates,
         max_grad_norm=a.max_grad_norm, target_kl=a.target_kl, reward_scale=a.reward_scale,
+        reward_norm=a.reward_norm, num_envs=layout.num_envs,
         value_norm=a.value_norm, value_norm_count=float(a.value_norm_count), max_staleness=cfg.ebrl.max_staleness,
         algorithm=a.name, group_size=a.group_size,
         correction=a.correction, vtrace_rho_clip=a.vtrace_rho_clip, vtrace_c_clip=a.vtrace_c_clip,
@@ -132,12 +137,13 @@ def init_train_state(policy: Policy, cfg: LearnerConfig, key: jax.Array) -> Trai
   params = policy.init(init_key)
   return TrainState(params=params, opt_state=make_optimizer(cfg).init(params["net"]), key=key,
                     version=jnp.zeros((), jnp.int32), skipped_updates=jnp.zeros((), jnp.int32),
-                    value_norm=normalizer.init_stats(1))
+                    value_norm=normalizer.init_stats(1), reward_norm=normalizer.init_return_norm(cfg.num_envs))
 
 
 def rollout_sharding(mesh: Mesh, rollout: Rollout) -> Rollout:
-  """Shards every [T, N, ...] leaf along N (axis 1) over the mesh's data axis."""
-  return jax.tree.map(lambda _: NamedSharding(mesh, P(None, "data")), rollout)
+  """Shards every [T, N, ...] leaf along N (axis 1) over the mesh's data axis, and a [N] leaf (a
+  segment batch's env ids) along its only axis."""
+  return jax.tree.map(lambda x: NamedSharding(mesh, P(None, "data") if np.ndim(x) > 1 else P("data")), rollout)
 
 
 class Learner:
@@ -191,41 +197,60 @@ class Learner:
     fresh = fresh_mask(state.version, sb.version, self.cfg.max_staleness)
     valid = sb.valid & fresh
     obs = jax.tree.map(lambda x: x[:horizon], sb.obs)
+    # Every transition that happened counts for the reward statistics, too stale or not.
+    rewards, reward_norm = self._rewards(state, sb.rewards, sb.done, sb.valid, _gamma(self.cfg, sb), sb.env_ids,
+                                         sb.bootstrap)
+    ro = Rollout(obs=obs, actions=sb.actions, logp=prox_logp, values=values, rewards=rewards,
+                 terminated=sb.terminated, done=sb.done, valid=valid, version=sb.version, discount=sb.discount)
     if self.cfg.correction == "vtrace":
       cfg = self.cfg
-      targets = vtrace(sb.rewards * cfg.reward_scale, values_raw, sb.terminated, _cut(sb.done, valid),
-                       prox_logp - sb.logp, _gamma(cfg, sb), cfg.gae_lambda, cfg.vtrace_rho_clip,
-                       cfg.vtrace_c_clip)
-      ro = Rollout(obs=obs, actions=sb.actions, logp=sb.logp, values=values, rewards=sb.rewards,
-                   terminated=sb.terminated, done=sb.done, valid=valid, version=sb.version, discount=sb.discount)
-      new_state, metrics = self._update_fn(state, ro, targets=targets)
+      targets = vtrace(rewards, values_raw, sb.terminated, _cut(sb.done, valid), prox_logp - sb.logp,
+                       _gamma(cfg, sb), cfg.gae_lambda, cfg.vtrace_rho_clip, cfg.vtrace_c_clip)
+      new_state, metrics = self._update_fn(state, ro.replace(logp=sb.logp), targets=targets,
+                                           scaled=(rewards, reward_norm))
     else:
-      ro = Rollout(obs=obs, actions=sb.actions, logp=prox_logp, values=values, rewards=sb.rewards,
-                   terminated=sb.terminated, done=sb.done, valid=valid, version=sb.version, discount=sb.discount)
-      new_state, metrics = self._update_fn(state, ro, behaviour_logp=sb.logp)
+      new_state, metrics = self._update_fn(state, ro, behaviour_logp=sb.logp, scaled=(rewards, reward_norm))
     # Staleness of every sample that reached the learner, before any masking: the bound is
     # checked on what the admission path let through, not on what survived the mask.
     metrics.update(_staleness(state.version, sb.version, sb.valid))
     metrics["stale_dropped"] = jnp.sum(sb.valid & ~fresh)
     return new_state, metrics
 
+  def _rewards(self, state: TrainState, rewards: jax.Array, done: jax.Array, valid: jax.Array, gamma,
+               env_ids: jax.Array | None, bootstrap: jax.Array | None) -> tuple[jax.Array, normalizer.ReturnNorm]:
+    """The rewards an update learns from: normalised by the running std of the discounted return
+    (algorithm.reward_norm), times reward_scale, plus a device simulator's truncation bootstrap
+    (already in the critic's units); and the reward normalisation state after them.
+
+    Segments of one env twice in a batch (possible under eta >= 1) both start from that env's
+    return before the batch; only the statistics see the difference."""
+    cfg, rn = self.cfg, state.reward_norm
+    if cfg.reward_norm:
+      ids = jnp.arange(rewards.shape[1], dtype=jnp.int32) if env_ids is None else env_ids
+      rewards, rn = normalizer.normalize_rewards(rn, rewards, done, valid, gamma, ids)
+    rewards = rewards * cfg.reward_scale
+    return (rewards if bootstrap is None else rewards + bootstrap), rn
+
   # The whole algorithm, in one screen.
   def _update_fn(self, state: TrainState, ro: Rollout, behaviour_logp: jax.Array | None = None,
-                 targets: tuple[jax.Array, jax.Array] | None = None) -> tuple[TrainState, dict]:
+                 targets: tuple[jax.Array, jax.Array] | None = None,
+                 scaled: tuple[jax.Array, normalizer.ReturnNorm] | None = None) -> tuple[TrainState, dict]:
     cfg, policy = self.cfg, self.policy
     ppo_cfg = cfg.ppo
+    # The rewards as learned from (`scaled`: computed by the caller, segments) and the reward
+    # normalisation state after them.
+    rewards, reward_norm = scaled or self._rewards(state, ro.rewards, ro.done, ro.valid, _gamma(cfg, ro), None,
+                                                   ro.bootstrap)
     # ro.values are the critic's outputs, in value-normalised units; advantages and targets are
     # computed in return units and the targets standardised again for the value loss.
     values = normalizer.unstandardize(state.value_norm, ro.values)
     if targets is None and cfg.algorithm == "grpo":
       # Critic-free: the group mean is the baseline and the advantages are already normalised
       # per group; the value head gets no loss (its targets are its own old predictions).
-      adv = group_relative_advantages(ro.rewards * cfg.reward_scale, _cut(ro.done, ro.valid), ro.valid,
-                                      cfg.group_size, _gamma(cfg, ro))
+      adv = group_relative_advantages(rewards, _cut(ro.done, ro.valid), ro.valid, cfg.group_size, _gamma(cfg, ro))
       returns = values[:-1]
       ppo_cfg = dataclasses.replace(cfg.ppo, vf_coef=0.0, normalize_advantages=False)
     elif targets is None:
-      rewards = ro.rewards * cfg.reward_scale
       adv, returns = gae(rewards, values, ro.terminated, _cut(ro.done, ro.valid), _gamma(cfg, ro),
                          cfg.gae_lambda)
     else:
@@ -284,8 +309,10 @@ class Learner:
     metrics["skipped_updates"] = skipped
     metrics.update(_staleness(state.version, ro.version, ro.valid))
     metrics["learning_rate"] = learning_rate(opt_state)
-    new_state = TrainState(params=params, opt_state=opt_state, key=key,
-                           version=state.version + 1, skipped_updates=skipped, value_norm=value_norm)
+    if cfg.reward_norm:
+      metrics["reward_norm_std"] = jnp.sqrt(reward_norm.stats.var[0] + 1e-8)
+    new_state = TrainState(params=params, opt_state=opt_state, key=key, version=state.version + 1,
+                           skipped_updates=skipped, value_norm=value_norm, reward_norm=reward_norm)
     return new_state, metrics
 
 

@@ -103,7 +103,8 @@ def segment_fields(spec: EnvSpec, horizon: int, batch: int, action_size: int) ->
   fields = {f"obs/{k}": ((t + 1, b) + tuple(v.shape), v.dtype) for k, v in spec.obs.items()}
   fields.update(actions=((t, b, action_size), np.float32), logp=((t, b), np.float32),
                 rewards=((t, b), np.float32), terminated=((t, b), np.bool_), done=((t, b), np.bool_),
-                valid=((t, b), np.bool_), version=((t, b), np.int32), discount=((t, b), np.float32))
+                valid=((t, b), np.bool_), version=((t, b), np.int32), discount=((t, b), np.float32),
+                env_ids=((b,), np.int32))
   return fields
 
 
@@ -113,14 +114,17 @@ def _batch_arrays(batch: SegmentBatch) -> dict[str, np.ndarray]:
              done=batch.done, valid=batch.valid, version=batch.version)
   if batch.discount is not None:
     out["discount"] = batch.discount
+  if batch.env_ids is not None:
+    out["env_ids"] = batch.env_ids
   return out
 
 
-def _batch_from(arrays: dict[str, np.ndarray], has_discount: bool) -> SegmentBatch:
+def _batch_from(arrays: dict[str, np.ndarray], has_discount: bool, has_env_ids: bool) -> SegmentBatch:
   obs = {k[len("obs/"):]: v for k, v in arrays.items() if k.startswith("obs/")}
   return SegmentBatch(obs=obs, actions=arrays["actions"], logp=arrays["logp"], rewards=arrays["rewards"],
                       terminated=arrays["terminated"], done=arrays["done"], valid=arrays["valid"],
-                      version=arrays["version"], discount=arrays["discount"] if has_discount else None)
+                      version=arrays["version"], discount=arrays["discount"] if has_discount else None,
+                      env_ids=arrays["env_ids"] if has_env_ids else None)
 
 
 def _state_leaves(state: TrainState) -> list[np.ndarray]:
@@ -189,7 +193,8 @@ class RemoteLearner:
     if fresh:
       self._slot.write(_state_leaves(state), int(jax.device_get(state.version)))
     arrays = _batch_arrays(jax.device_get(batch))
-    while not self._ring.put(arrays, meta=(batch.discount is not None, fresh), timeout=_POLL_S):
+    meta = (batch.discount is not None, fresh, batch.env_ids is not None)
+    while not self._ring.put(arrays, meta=meta, timeout=_POLL_S):
       self.check_alive()
     metrics = self._reply("updated")
     got = self._slot.read()
@@ -357,14 +362,14 @@ def _serve(spec, learner: Learner, treedef, ring: SegmentRing, slot: ParamSlot, 
     item = ring.get(timeout=_POLL_S)
     if item is None:
       continue
-    index, (has_discount, fresh) = item
+    index, (has_discount, fresh, has_env_ids) = item
     if fresh or state is None:
       leaves, _ = slot.read()
       state = jax.device_put(jax.tree.unflatten(treedef, leaves), learner.replicated)
     lo, hi = spec.delay_s
     if hi > 0:
       time.sleep(rng.uniform(lo, hi))
-    batch = _batch_from(ring.arrays(index), bool(has_discount))
+    batch = _batch_from(ring.arrays(index), bool(has_discount), bool(has_env_ids))
     state, metrics = learner.update_segments(state, batch)
     jax.block_until_ready(state)
     ring.release_slot(index)  # The update has read the batch (on a CPU it may have aliased the slot).

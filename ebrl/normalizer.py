@@ -66,3 +66,54 @@ def standardize(stats: RunningStats, x: jax.Array) -> jax.Array:
 
 def unstandardize(stats: RunningStats, y: jax.Array) -> jax.Array:
   return y * jnp.sqrt(stats.var[0] + 1e-8) + stats.mean[0]
+
+
+# -- rewards: divided by a running standard deviation of the discounted return --------------------
+
+
+@flax.struct.dataclass
+class ReturnNorm:
+  """Reward normalisation state: each env's discounted return so far and running statistics of it.
+
+  Rewards are divided by the standard deviation of the return an env has accumulated (its
+  discounted sum of rewards since its episode began, updated every step, as Stable-Baselines3's
+  VecNormalize does), so the critic's targets and the value loss keep one scale across tasks whose
+  rewards differ a hundredfold, and as a task is learned. The statistics count every step of the
+  run (no forgetting): the scale settles early and then barely moves, so the critic is not chasing
+  a moving unit.
+  """
+  stats: RunningStats  # Of the discounted returns, one dimension.
+  returns: jax.Array  # [num_envs] each env's discounted return so far (raw reward units).
+
+
+RETURN_STATS_PRIOR = 1e-4  # The count the prior (mean 0, variance 1) weighs as; SB3's RunningMeanStd epsilon.
+
+
+def init_return_norm(num_envs: int) -> ReturnNorm:
+  stats = RunningStats(jnp.zeros(1, jnp.float32), jnp.ones(1, jnp.float32), jnp.full((), RETURN_STATS_PRIOR))
+  return ReturnNorm(stats, jnp.zeros(num_envs, jnp.float32))
+
+
+def normalize_rewards(rn: ReturnNorm, rewards: jax.Array, done: jax.Array, valid: jax.Array,
+                      gamma: float | jax.Array, env_ids: jax.Array, clip: float = 10.0
+                      ) -> tuple[jax.Array, ReturnNorm]:
+  """Rewards [T, N] of the envs `env_ids` [N] divided by the running std of the discounted return,
+  step by step: at each step every valid env's return takes its reward, the statistics take the
+  returns, the rewards are divided by the new std and clipped to +-clip, and returns of envs whose
+  episode ended restart at 0. Invalid rows (automatic-reset steps) change nothing and give 0.
+  Columns with the same env id must not occur (segments of one env are rare in one batch; see
+  the learner)."""
+  rewards = rewards.astype(jnp.float32)
+  gamma = jnp.broadcast_to(jnp.asarray(gamma, jnp.float32), rewards.shape)
+
+  def step(carry, xs):
+    stats, ret = carry
+    r, d, v, g = xs
+    ret = jnp.where(v, ret * g + r, ret)
+    stats = update_stats(stats, ret[:, None], v)
+    out = jnp.where(v, jnp.clip(r / jnp.sqrt(stats.var[0] + 1e-8), -clip, clip), 0.0)
+    ret = jnp.where(v & d, 0.0, ret)
+    return (stats, ret), out
+
+  (stats, ret), out = jax.lax.scan(step, (rn.stats, rn.returns[env_ids]), (rewards, done, valid, gamma))
+  return out, ReturnNorm(stats, rn.returns.at[env_ids].set(ret))

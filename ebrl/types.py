@@ -28,6 +28,9 @@ class Rollout:
   valid: jax.Array  # [T, N] bool
   version: jax.Array  # [T, N] int32
   discount: jax.Array | None = None  # [T, N] float32 per-row discount (chunks cut short), else gamma
+  # [T, N] float32 added to a row's reward after the learner scales it: gamma * V(final obs) where a
+  # device simulator truncated an episode and reset in the same step (in the critic's units).
+  bootstrap: jax.Array | None = None
 
 
 @flax.struct.dataclass
@@ -42,6 +45,9 @@ class TrainState:
   # Running statistics of the value targets (ebrl/normalizer.py): the critic predicts returns in
   # these units. Mean 0 / variance 1 (the identity) while value normalisation is off.
   value_norm: Any = None
+  # Reward normalisation (ebrl/normalizer.py ReturnNorm): each env's discounted return so far and
+  # running statistics of it; rewards are divided by their std while algorithm.reward_norm is on.
+  reward_norm: Any = None
 
 
 @flax.struct.dataclass
@@ -62,3 +68,6 @@ class SegmentBatch:
   valid: jax.Array  # [T, B] bool
   version: jax.Array  # [T, B] int32
   discount: jax.Array | None = None  # [T, B] float32 per-row discount (chunks cut short), else gamma
+  env_ids: jax.Array | None = None  # [B] int32: the env of each segment (reward normalisation follows
+  # each env's return across segments); None = column b is env b.
+  bootstrap: jax.Array | None = None  # [T, B] as Rollout.bootstrap.

@@ -39,7 +39,7 @@ def main(out_path: str, expected: int) -> None:
   policy = MLPPolicy(sim.spec, hidden=(16, 16))
   params = {**policy.init(jax.random.PRNGKey(3)), "value_norm": normalizer.init_stats(1)}  # As acting_params.
   params = jax.device_put(params, jax.sharding.NamedSharding(sim.mesh, jax.sharding.PartitionSpec()))
-  collect = make_collect(sim, policy, HORIZON, gamma=0.99, reward_scale=1.0)
+  collect = make_collect(sim, policy, HORIZON, gamma=0.99)
   state = sim.reset(jax.random.PRNGKey(0))
   print(f"state_sharding_devices={len(state.obs['state'].sharding.device_set)}")
   out = {}

@@ -127,8 +127,8 @@ def test_eta_zero_update_equals_sync_ppo_on_device_data(correction, lam, tmp_pat
   trainer = Trainer(_cfg(64, 0, num_groups=1), str(tmp_path), progress=False)
   sim, policy, lc = trainer.device_sim, trainer.policy, trainer.learner.cfg
   lc = dataclasses.replace(lc, gae_lambda=lam)
-  sync_collect = make_collect(sim, policy, T, lc.gamma, lc.reward_scale)
-  seg_collect = make_segment_collect(sim, policy, T, lc.gamma, lc.reward_scale)
+  sync_collect = make_collect(sim, policy, T, lc.gamma)
+  seg_collect = make_segment_collect(sim, policy, T, lc.gamma)
   state = trainer.state
   copy = lambda tree: jax.tree.map(jnp.copy, tree)
   sim_state = sim.reset(jax.random.PRNGKey(3))
@@ -138,7 +138,7 @@ def test_eta_zero_update_equals_sync_ppo_on_device_data(correction, lam, tmp_pat
   assert bool(rollout.done.any())  # Truncations inside the segment: the value fold is exercised.
   np.testing.assert_array_equal(batch.obs["state"][:T], rollout.obs["state"])
   np.testing.assert_array_equal(batch.obs["state"][T], after.obs["state"])  # The bootstrap row.
-  for name in ("actions", "logp", "rewards", "terminated", "done", "valid", "version"):
+  for name in ("actions", "logp", "rewards", "bootstrap", "terminated", "done", "valid", "version"):
     np.testing.assert_array_equal(getattr(batch, name), getattr(rollout, name), err_msg=name)
 
   sync_state, _ = Learner(policy, lc).update(copy(state), rollout)

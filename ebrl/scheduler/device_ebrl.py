@@ -29,9 +29,9 @@ by construction and nothing is masked. All groups step the same sim at the same 
 no straggler wait. With eta = 0 every batch comes from the params the update
 starts from: exactly sync PPO on the same data (tests/test_mjx_async.py).
 
-Truncated episodes: the collect folds gamma * V(final_obs) / reward_scale into
-the reward of a truncated step and marks it terminal (ebrl/scheduler/device_sync.py),
-here with the *behaviour* params. Carrying final_obs instead would add a
+Truncated episodes: the collect records gamma * V(final_obs) for a truncated
+step (SegmentBatch.bootstrap, added to its scaled reward by the learner) and
+marks it terminal (ebrl/scheduler/device_sync.py), here with the *behaviour* params. Carrying final_obs instead would add a
 second [T, B] observation tensor to every batch and a new SegmentBatch field
 for a value needed on one step in an episode. With eta = 0 the behaviour
 params are the learner's, so the targets are sync PPO's exactly; with eta > 0
@@ -61,13 +61,13 @@ from policies.base import Policy
 from sim_adapters.mjx.device_sim import DeviceSim, SimState
 
 
-def make_segment_collect(sim: DeviceSim, policy: Policy, horizon: int, gamma: float, reward_scale: float):
+def make_segment_collect(sim: DeviceSim, policy: Policy, horizon: int, gamma: float):
   """Jitted (params, sim_state, key, version) -> (sim_state, SegmentBatch, Finished).
 
   The same scan as the sync device rollout; obs gets the bootstrap row (the state's obs after the
   last step) and values are left to the learner, which takes them from its own params.
   """
-  scan, _ = device_unroll(sim, policy, horizon, gamma, reward_scale)
+  scan, _ = device_unroll(sim, policy, horizon, gamma)
 
   def segments(params, state: SimState, key: jax.Array, version: jax.Array):
     state, rows = scan(params, state, key)
@@ -76,7 +76,7 @@ def make_segment_collect(sim: DeviceSim, policy: Policy, horizon: int, gamma: fl
     done = rows["done"]
     batch = SegmentBatch(obs=obs, actions=rows["actions"], logp=rows["logp"], rewards=rows["rewards"],
                          terminated=done, done=done, valid=jnp.ones_like(done),
-                         version=jnp.full(done.shape, version, jnp.int32))
+                         version=jnp.full(done.shape, version, jnp.int32), bootstrap=rows["bootstrap"])
     return state, batch, rows["fin"]
 
   return jax.jit(segments, donate_argnums=(1,))
@@ -86,7 +86,7 @@ def concat_batches(batches: list[SegmentBatch]) -> SegmentBatch:
   """Group batches side by side along the env axis (axis 1)."""
   if len(batches) == 1:
     return batches[0]
-  return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=1), *batches)
+  return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=1 if xs[0].ndim > 1 else 0), *batches)  # env_ids: [B].
 
 
 class DeviceEbrlScheduler:
@@ -108,7 +108,7 @@ class DeviceEbrlScheduler:
     if ctx.overlap is not None:  # resources=auto: overlap or a barrier, as the run measures it.
       ctx.overlap.listeners.append(self.queue.set_admission)
     lc = ctx.learner.cfg
-    self.collect = make_segment_collect(self.sim, ctx.policy, ctx.layout.rollout_length, lc.gamma, lc.reward_scale)
+    self.collect = make_segment_collect(self.sim, ctx.policy, ctx.layout.rollout_length, lc.gamma)
     self.reset_key, self.key = device_keys(ctx.seed, ctx.env_seed)
     self._lock = threading.Lock()  # Guards the stop check and env_steps.
     self._room = threading.Condition()  # Guards starts and tickets; notified when the learner publishes.
@@ -117,6 +117,8 @@ class DeviceEbrlScheduler:
     self._pending: dict[int, tuple[SegmentBatch, int]] = {}  # ticket -> (batch, start version)
     self._next = 0  # The ticket the learner gets next.
     self._compile = threading.Lock()  # The first collect compiles once, not once per group.
+    # Group g's envs are the run's envs g * per_group ... (g + 1) * per_group - 1.
+    self._env_ids = [jnp.arange(g * per_group, (g + 1) * per_group, dtype=jnp.int32) for g in range(self.num_groups)]
     self._nan_resets = [0] * self.num_groups
     self._stages = LoopThreads()
     self._stop = self._stages.stop
@@ -168,7 +170,7 @@ class DeviceEbrlScheduler:
           state, batch, finished = self.collect(params, state, key, jnp.int32(version))
         finished, nan_resets = jax.device_get((finished, state.nan_resets))
       self._account(g, finished, int(nan_resets))
-      self._release(ticket, batch, start_version)
+      self._release(ticket, batch.replace(env_ids=self._env_ids[g]), start_version)
 
   def _reserve(self) -> tuple | None:
     """The next batch's (ticket, start version, params, version, key) under the capacity rule, or None

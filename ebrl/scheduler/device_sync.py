@@ -11,9 +11,10 @@ same telemetry every other run writes. The fused rollout is timed as the
 A DeviceSim resets a finished env inside the step that ended its episode, so
 every row of the rollout is a real transition (`valid` everywhere). A
 truncated episode still bootstraps from the value of its final observation:
-the scan adds gamma * V(final_obs) / reward_scale to that step's reward and
-marks it terminal, which gives GAE exactly the targets it would compute had
-the env stayed on the final observation for one more row.
+the scan records gamma * V(final_obs) for that step (Rollout.bootstrap, which
+the learner adds to the step's reward once it has scaled it) and marks it
+terminal, which gives GAE exactly the targets it would compute had the env
+stayed on the final observation for one more row.
 
 `random` runs the same scan with uniform random actions and no learning: the
 device simulator's own speed.
@@ -41,10 +42,10 @@ def add_finished_episodes(tracker: EpisodeTracker, finished: Finished) -> None:
                          np.asarray(finished.success)[done])
 
 
-def make_collect(sim: DeviceSim, policy: Policy, horizon: int, gamma: float, reward_scale: float):
+def make_collect(sim: DeviceSim, policy: Policy, horizon: int, gamma: float):
   """Jitted (params, sim_state, key, version) -> (sim_state, Rollout, Finished): the sync update's
   Rollout, values bootstrapped from the obs after the last step."""
-  scan, value = device_unroll(sim, policy, horizon, gamma, reward_scale)
+  scan, value = device_unroll(sim, policy, horizon, gamma)
 
   def collect(params, state: SimState, key: jax.Array, version: jax.Array):
     state, rows = scan(params, state, key)
@@ -52,7 +53,7 @@ def make_collect(sim: DeviceSim, policy: Policy, horizon: int, gamma: float, rew
     done = rows["done"]
     rollout = Rollout(obs=rows["obs"], actions=rows["actions"], logp=rows["logp"], values=values,
                       rewards=rows["rewards"], terminated=done, done=done, valid=jnp.ones_like(done),
-                      version=jnp.full(done.shape, version, jnp.int32))
+                      version=jnp.full(done.shape, version, jnp.int32), bootstrap=rows["bootstrap"])
     return state, rollout, rows["fin"]
 
   return jax.jit(collect, donate_argnums=(1,))
@@ -93,7 +94,7 @@ class DeviceSyncScheduler:
     ctx, sim, clock = self.ctx, self.sim, self.ctx.clock
     horizon = ctx.layout.rollout_length
     lc = ctx.learner.cfg
-    collect = (make_collect(sim, ctx.policy, horizon, lc.gamma, lc.reward_scale) if self.learn
+    collect = (make_collect(sim, ctx.policy, horizon, lc.gamma) if self.learn
                else make_random_collect(sim, horizon))
     with clock.stage("sim"):
       sim_state = sim.reset(self.reset_key)

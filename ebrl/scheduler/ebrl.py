@@ -64,7 +64,8 @@ def stack_segments(segments: list[Segment]) -> SegmentBatch:
       rewards=stack([s.rewards for s in segments]), terminated=stack([s.terminated for s in segments]),
       done=stack([s.done for s in segments]), valid=stack([s.valid for s in segments]),
       version=stack([s.version for s in segments]),
-      discount=None if segments[0].discount is None else stack([s.discount for s in segments]))
+      discount=None if segments[0].discount is None else stack([s.discount for s in segments]),
+      env_ids=np.array([s.env_id for s in segments], np.int32))
 
 
 def _rows(b: StepBatch, idx: np.ndarray) -> dict[str, np.ndarray]:

@@ -56,6 +56,8 @@ _STEPS_RATIO = flags.DEFINE_float("steps_ratio", 1.25, "A system matches the pee
                                   "most this many times the peer's median.")
 _OUT = flags.DEFINE_string("out", "learning/learning.json", "The JSON; plots and runs/ go beside it.")
 _RERUN = flags.DEFINE_bool("rerun", False, "Run everything again instead of reusing finished runs.")
+_CONFIG_FILE = flags.DEFINE_string("config_file", None, "A run config file for every EBRL run (launch.train's "
+                                    "--config), e.g. launch/configs/sb3_ppo.py; default: the default config.")
 _CONFIG_OVERRIDES = flags.DEFINE_multi_string(
     "override", [], "A --config.<key>=<value> flag passed to every EBRL run (repeatable), e.g. "
     "--override=--config.algorithm.epochs=4.")
@@ -94,6 +96,11 @@ def _check_flags() -> tuple[list[int], list[int]]:
   for name, path in (("peer_python", _PEER_PYTHON.value), ("peer_script", _PEER_SCRIPT.value)):
     if path is not None and not os.path.isfile(path):
       common.fail(f"--{name}='{path}' is not a file; see shared/peers/README.md for the peer's set-up")
+  if _CONFIG_FILE.value is not None:
+    try:
+      common.check_config_file("config_file", _CONFIG_FILE.value)
+    except common.UserError as e:
+      common.fail(str(e))
   for o in _CONFIG_OVERRIDES.value:
     if not o.startswith("--config."):
       common.fail(f"--override='{o}' must be a --config.<key>=<value> flag")
@@ -149,7 +156,8 @@ def _summarise(points, target: float, final: float | None, sps: float, extra: di
 
 def run_ebrl(task: str, seed: int, scheduler: str, workdir: str) -> dict:
   """One launch.train run in a fresh process, read back from its summary and metrics."""
-  cmd = [sys.executable, "-m", "launch.train", f"--workdir={workdir}", "--progress=false",
+  config = [f"--config={_CONFIG_FILE.value}"] if _CONFIG_FILE.value else []
+  cmd = [sys.executable, "-m", "launch.train", *config, f"--workdir={workdir}", "--progress=false",
          f"--config.env.name=MetaWorld/{task}", f"--config.seed={seed}", f"--config.scheduler={scheduler}",
          f"--config.total_env_steps={_STEPS.value}", *_CONFIG_OVERRIDES.value]
   start = time.time()
@@ -327,7 +335,8 @@ def main(argv: list[str]) -> None:
             os.path.join(runs_dir, f"{task}_sb3_s{seed}.json"), lambda: run_peer(task, seed, runs_dir))
     plot_task(task, task_runs, os.path.join(out_dir, f"{task}.png"), _TARGET.value)
   report = {"date": datetime.date.today().isoformat(), "machine": common.machine_info(), "steps": _STEPS.value,
-            "target": _TARGET.value, "window_episodes": WINDOW, "overrides": _CONFIG_OVERRIDES.value,
+            "target": _TARGET.value, "window_episodes": WINDOW, "config_file": _CONFIG_FILE.value,
+            "overrides": _CONFIG_OVERRIDES.value,
             "steps_ratio": _STEPS_RATIO.value,
             "verdicts": {t: verdict(r, _TARGET.value, _STEPS_RATIO.value) for t, r in results.items()},
             "runs": results}

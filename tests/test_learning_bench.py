@@ -101,6 +101,8 @@ def test_verdict_needs_every_seed_to_reach_hold_and_beat_the_peer_run_of_its_see
     (["--peer_python=/nonexistent/python"], "--peer_python and --peer_script go together"),
     (["--override=--seed=3"], "--override='--seed=3' must be a --config.<key>=<value> flag"),
     (["--out=/proc/learning.json"], "--out='/proc/learning.json' is not writable"),
+    (["--config_file=/nonexistent/cfg.py"], "cannot load --config_file=/nonexistent/cfg.py: no such file"),
+    (["--steps_ratio=0"], "--steps_ratio=0.0 must be a positive number"),
 ])
 def test_flag_mistakes_are_one_line_before_any_run(flags, expected, tmp_path):
   proc = subprocess.run([sys.executable, "-m", "launch.learning_bench", *flags], cwd=ROOT, capture_output=True,

@@ -669,6 +669,7 @@ def main(argv: list[str]) -> None:
          "interrupted": False, "launches": [], "overall": None}
   launches: list[_Launch] = []
   failures_in_a_row = faults = 0
+  finishing = False  # --max_faults reached: one more launch resumes, checkpoints, runs steady_s and stops.
   try:
     while time.time() < deadline and failures_in_a_row < 3:
       launch = _Launch(len(launches), module, args, workdir, logs, t0, _STEADY_S.value)
@@ -687,6 +688,8 @@ def main(argv: list[str]) -> None:
           launch.ended = "exited"
         elif now >= deadline:
           launch.stop(_STOP_TIMEOUT_S.value)
+        elif finishing and launch.rows > 0 and launch.checkpointed() and launch.age() >= _STEADY_S.value:
+          launch.stop(_STOP_TIMEOUT_S.value)  # Not on a clock: a slow start must still resume and checkpoint.
         elif now - launch.last_row_t > _HANG_S.value:
           launch.kill("hung")
         elif kills and now >= kills[0]:
@@ -698,7 +701,7 @@ def main(argv: list[str]) -> None:
             faults += 1
             if _MAX_FAULTS.value and faults >= _MAX_FAULTS.value:  # One more launch: resume, checkpoint, stop.
               kills.clear()
-              deadline = min(deadline, time.time() + _STEADY_S.value)
+              finishing = True
       launch.close()
       report = launch.report()
       out["launches"].append(report)
@@ -712,6 +715,8 @@ def main(argv: list[str]) -> None:
             f"{_steps(report['end_env_steps'])} env steps, RSS {_mb(report['rss_end_mb'])}", flush=True)
       out["overall"] = _overall(launches, out["launches"], time.time() - t0)
       _write(out_path, out)
+      if finishing and not report["fault"]:
+        break
   except KeyboardInterrupt:
     out["interrupted"] = True
     if launches and launches[-1].ended is None:

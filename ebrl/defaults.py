@@ -60,7 +60,9 @@ def get_config() -> ml_collections.ConfigDict:
       gae_lambda=0.95,
       clip_eps=0.2,
       value_clip_eps=0.0,
-      vf_coef=0.5,
+      # The loss is vf_coef * 0.5 * mean((V - R)^2): 1.0 weighs the critic as SB3's PPO does (its
+      # vf_coef 0.5 without the half). BENCHMARKS.md "PPO against SB3 on the 50 MetaWorld tasks".
+      vf_coef=1.0,
       ent_coef=0.0,
       normalize_advantages=True,
       epochs=10,
@@ -71,10 +73,13 @@ def get_config() -> ml_collections.ConfigDict:
       # Stop an update's remaining minibatch steps once one measures approx KL > 1.5 * target_kl
       # (0 = every epoch runs).
       target_kl=0.0,
-      reward_scale=0.1,
+      reward_scale=1.0,
       # Rewards divided by a running std of each env's discounted return (as Stable-Baselines3's
       # VecNormalize), before reward_scale multiplies them (ebrl/normalizer.py normalize_rewards).
-      reward_norm=False,
+      # On by default: a fixed scale left MetaWorld's returns (hundreds to thousands) so large that
+      # the value loss filled the 0.5 gradient-norm clip (norm 5-15) and the policy barely moved
+      # (KL ~1e-3 per update); normalised, the norm stays 0.3-0.6 and tasks that stalled learn.
+      reward_norm=True,
       # The critic predicts returns standardised by running statistics of its targets, whose
       # history weighs as at most value_norm_count samples.
       value_norm=False,

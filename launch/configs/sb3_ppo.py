@@ -3,13 +3,15 @@
 The preset that reproduces the peer (`shared/peers/sb3_ppo_metaworld.py`: PPO("MlpPolicy") over
 VecNormalize(norm_obs, norm_reward, gamma=0.99), 64 envs x 128 steps, 10 epochs of 8 minibatches
 of 1,024, lr 3e-4, 64x64 tanh actor and critic) so that EBRL's PPO can be checked against it and
-each difference from EBRL's default measured alone. What the default already shares with it:
+each difference from EBRL's default measured alone. What EBRL's default shares with it:
 separate orthogonally initialised tanh MLPs (gains sqrt(2), 0.01 policy, 1 value), a state-
 independent log-std starting at 0, Gaussian actions clipped to the bounds by the env side with
 the log-prob of the unclipped sample, advantages normalised per minibatch, truncated episodes
 bootstrapped from the value of their final observation, Adam with eps 1e-5, gradients clipped
 to a global norm of 0.5, no value clipping, no entropy bonus, observations standardised by
-running statistics and clipped to +-10. What this preset changes:
+running statistics and clipped to +-10, and (since the 50-task sweep in BENCHMARKS.md made them
+the default) these two, which this preset pins so that it keeps reproducing the peer whatever
+the default becomes:
 
 - rewards divided by a running std of the discounted return and clipped to +-10
   (VecNormalize's norm_reward; `algorithm.reward_norm`), not multiplied by a fixed scale;

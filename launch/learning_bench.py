@@ -56,6 +56,8 @@ _STEPS_RATIO = flags.DEFINE_float("steps_ratio", 1.25, "A system matches the pee
                                   "most this many times the peer's median.")
 _OUT = flags.DEFINE_string("out", "learning/learning.json", "The JSON; plots and runs/ go beside it.")
 _RERUN = flags.DEFINE_bool("rerun", False, "Run everything again instead of reusing finished runs.")
+_REPORT_ONLY = flags.DEFINE_bool("report_only", False, "Run nothing: the table and JSON of the runs already "
+                                 "finished (a long sweep's state; a task or seed not run yet is left out).")
 _CONFIG_FILE = flags.DEFINE_string("config_file", None, "A run config file for every EBRL run (launch.train's "
                                     "--config), e.g. launch/configs/sb3_ppo.py; default: the default config.")
 _CONFIG_OVERRIDES = flags.DEFINE_multi_string(
@@ -217,10 +219,13 @@ def _printed(stdout: str, key: str, end: str) -> float | None:
   return None
 
 
-def _cached(path: str, make) -> dict:
+def _cached(path: str, make) -> dict | None:
+  """A finished run's figures from its JSON, else it runs now (None under --report_only)."""
   if os.path.exists(path) and not _RERUN.value:
     with open(path) as f:
       return json.load(f)
+  if _REPORT_ONLY.value:
+    return None
   result = make()
   tmp = path + ".tmp"
   with open(tmp, "w") as f:
@@ -324,15 +329,22 @@ def main(argv: list[str]) -> None:
     for scheduler in _SCHEDULERS.value:
       for seed in seeds:
         name = f"{task}_{scheduler}_s{seed}"
-        print(f"[learning_bench] EBRL {scheduler} {task} seed {seed}", flush=True)
-        task_runs.setdefault(scheduler, {})[str(seed)] = _cached(
-            os.path.join(runs_dir, name + ".json"),
-            lambda: run_ebrl(task, seed, scheduler, os.path.join(runs_dir, name)))
-    if _PEER_PYTHON.value:
+        if not _REPORT_ONLY.value:
+          print(f"[learning_bench] EBRL {scheduler} {task} seed {seed}", flush=True)
+        run = _cached(os.path.join(runs_dir, name + ".json"),
+                      lambda: run_ebrl(task, seed, scheduler, os.path.join(runs_dir, name)))
+        if run is not None:
+          task_runs.setdefault(scheduler, {})[str(seed)] = run
+    if _PEER_PYTHON.value or _REPORT_ONLY.value:
       for seed in peer_seeds:
-        print(f"[learning_bench] SB3 PPO {task} seed {seed}", flush=True)
-        task_runs.setdefault("sb3", {})[str(seed)] = _cached(
-            os.path.join(runs_dir, f"{task}_sb3_s{seed}.json"), lambda: run_peer(task, seed, runs_dir))
+        if not _REPORT_ONLY.value:
+          print(f"[learning_bench] SB3 PPO {task} seed {seed}", flush=True)
+        run = _cached(os.path.join(runs_dir, f"{task}_sb3_s{seed}.json"), lambda: run_peer(task, seed, runs_dir))
+        if run is not None:
+          task_runs.setdefault("sb3", {})[str(seed)] = run
+    if not task_runs:
+      del results[task]
+      continue
     plot_task(task, task_runs, os.path.join(out_dir, f"{task}.png"), _TARGET.value)
   report = {"date": datetime.date.today().isoformat(), "machine": common.machine_info(), "steps": _STEPS.value,
             "target": _TARGET.value, "window_episodes": WINDOW, "config_file": _CONFIG_FILE.value,
@@ -394,10 +406,14 @@ def task_table(results: dict, verdicts: dict) -> list[str]:
            " / ".join(f(r["final_success"]) for _, r in sorted(peer.items())) or "-"]
     for system in systems:
       own, sv = runs.get(system, {}), v.get(system, {})
-      if sv.get("meets_steps") is None:
+      if not own:
+        said = "not run"
+      elif sv.get("meets_steps") is None:
         said = "EBRL solves, SB3 does not" if sv.get("reached_every_seed") else "neither solves"
       else:
         said = "meets" if sv["meets_steps"] else "short of the peer"
+        if len(own) < 2:
+          said += f" ({len(own)} seed)"  # The acceptance counts two.
       ratio = sv.get("steps_ratio")
       row += [" / ".join(k(r["env_steps_to_target"]) for _, r in sorted(own.items())) or "-",
               " / ".join(f(r["final_success"]) for _, r in sorted(own.items())) or "-",

@@ -1,5 +1,6 @@
 """Learning that actually improves, and holds: the default task is solved by the sync trainer
-and stays solved; a MetaWorld task whose success collapsed late under earlier defaults keeps it."""
+and stays solved; a MetaWorld task whose success collapsed late under earlier defaults keeps it,
+and one that the fixed reward scale never solved is solved."""
 
 from __future__ import annotations
 
@@ -49,3 +50,20 @@ def test_default_ppo_holds_success_on_drawer_close(tmp_path):
   assert summary["best_success_rate"] >= 0.9
   assert summary["final_success_rate"] >= 0.9
   assert summary["final_success_rate"] >= summary["best_success_rate"] - 0.1
+
+
+@pytest.mark.slow
+def test_default_ppo_solves_faucet_close(tmp_path):
+  """FaucetClose-v3 never reached 0.9 in 600k env steps under the fixed reward_scale of 0.1 (best
+  and final 0.75, seed 0), while SB3's PPO reached it at 416k; with rewards normalised by the
+  running std of the discounted return the default reaches it (449k / 513k in seeds 0 / 1,
+  BENCHMARKS.md) and must end at the target."""
+  cfg = default.get_config()
+  cfg.env.name = "MetaWorld/FaucetClose-v3"
+  cfg.total_env_steps = 600_000
+  cfg.checkpoint_every_s = 1e9
+  trainer = Trainer(cfg, str(tmp_path), progress=False)
+  make_scheduler("sync", trainer.run_context()).run(trainer.state, cfg.total_env_steps)
+  summary = trainer.finish()
+  assert summary["final_success_rate"] >= 0.9, summary
+  assert summary["env_steps_to_success"] is not None

@@ -111,3 +111,29 @@ def test_flag_mistakes_are_one_line_before_any_run(flags, expected, tmp_path):
   lines = proc.stderr.strip().splitlines()
   assert len(lines) == 1 and expected in lines[0], proc.stderr
   assert "Traceback" not in proc.stderr
+
+
+def test_report_only_tables_the_finished_runs_and_runs_nothing(tmp_path):
+  """A sweep of hours is read while it runs: --report_only runs nothing (no peer flags, no
+  launch.train), tables the runs already in runs/, says 'not run' for a system missing on a task,
+  and counts seeds where fewer than the acceptance's two ran."""
+  import json
+  runs = tmp_path / "runs"
+  runs.mkdir()
+  curve = [[10.0, 100_000, 0.5], [20.0, 200_000, 0.95]]
+  def write(name, steps, final):
+    (runs / f"{name}.json").write_text(json.dumps({**_run(20.0 if steps else None, final, steps), "best_success": final,
+                                                   "env_steps_per_s": 1.0, "curve": curve}))
+  write("Reach-v3_sync_s0", 200_000, 0.95)
+  write("Reach-v3_sb3_s0", 200_000, 0.96)
+  write("Push-v3_sb3_s0", 300_000, 0.97)
+  proc = subprocess.run([sys.executable, "-m", "launch.learning_bench", "--report_only", "--tasks=Reach-v3,Push-v3,Hammer-v3",
+                         "--seeds=0,1", f"--out={tmp_path / 'learning.json'}"], cwd=ROOT, capture_output=True, text=True,
+                        timeout=120, check=False)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "| Reach-v3 | 200k | 0.96 | 200k | 0.95 | 1.00 | meets (1 seed) |" in proc.stdout
+  assert "| Push-v3 | 300k | 0.97 | - | - | - | not run |" in proc.stdout
+  assert "Hammer-v3" not in proc.stdout and "[learning_bench] EBRL" not in proc.stdout
+  report = json.loads((tmp_path / "learning.json").read_text())
+  assert sorted(report["runs"]) == ["Push-v3", "Reach-v3"] and sorted(os.listdir(runs)) == [
+      "Push-v3_sb3_s0.json", "Reach-v3_sb3_s0.json", "Reach-v3_sync_s0.json"]

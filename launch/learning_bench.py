@@ -408,6 +408,8 @@ def task_table(results: dict, verdicts: dict) -> list[str]:
       own, sv = runs.get(system, {}), v.get(system, {})
       if not own:
         said = "not run"
+      elif not peer:
+        said = "peer not run"
       elif sv.get("meets_steps") is None:
         said = "EBRL solves, SB3 does not" if sv.get("reached_every_seed") else "neither solves"
       else:

@@ -116,7 +116,7 @@ def test_flag_mistakes_are_one_line_before_any_run(flags, expected, tmp_path):
 def test_report_only_tables_the_finished_runs_and_runs_nothing(tmp_path):
   """A sweep of hours is read while it runs: --report_only runs nothing (no peer flags, no
   launch.train), tables the runs already in runs/, says 'not run' for a system missing on a task,
-  and counts seeds where fewer than the acceptance's two ran."""
+  or 'peer not run', and counts seeds where fewer than the acceptance's two ran."""
   import json
   runs = tmp_path / "runs"
   runs.mkdir()
@@ -127,13 +127,15 @@ def test_report_only_tables_the_finished_runs_and_runs_nothing(tmp_path):
   write("Reach-v3_sync_s0", 200_000, 0.95)
   write("Reach-v3_sb3_s0", 200_000, 0.96)
   write("Push-v3_sb3_s0", 300_000, 0.97)
+  write("Hammer-v3_sync_s0", None, 0.1)
   proc = subprocess.run([sys.executable, "-m", "launch.learning_bench", "--report_only", "--tasks=Reach-v3,Push-v3,Hammer-v3",
                          "--seeds=0,1", f"--out={tmp_path / 'learning.json'}"], cwd=ROOT, capture_output=True, text=True,
                         timeout=120, check=False)
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert "| Reach-v3 | 200k | 0.96 | 200k | 0.95 | 1.00 | meets (1 seed) |" in proc.stdout
   assert "| Push-v3 | 300k | 0.97 | - | - | - | not run |" in proc.stdout
-  assert "Hammer-v3" not in proc.stdout and "[learning_bench] EBRL" not in proc.stdout
+  assert "| Hammer-v3 | - | - | never | 0.10 | - | peer not run |" in proc.stdout
+  assert "[learning_bench] EBRL" not in proc.stdout
   report = json.loads((tmp_path / "learning.json").read_text())
-  assert sorted(report["runs"]) == ["Push-v3", "Reach-v3"] and sorted(os.listdir(runs)) == [
-      "Push-v3_sb3_s0.json", "Reach-v3_sb3_s0.json", "Reach-v3_sync_s0.json"]
+  assert sorted(report["runs"]) == ["Hammer-v3", "Push-v3", "Reach-v3"] and sorted(os.listdir(runs)) == [
+      "Hammer-v3_sync_s0.json", "Push-v3_sb3_s0.json", "Reach-v3_sb3_s0.json", "Reach-v3_sync_s0.json"]

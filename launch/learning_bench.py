@@ -31,6 +31,7 @@ import datetime
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -158,6 +159,9 @@ def _summarise(points, target: float, final: float | None, sps: float, extra: di
 
 def run_ebrl(task: str, seed: int, scheduler: str, workdir: str) -> dict:
   """One launch.train run in a fresh process, read back from its summary and metrics."""
+  if os.path.exists(workdir):  # No figures were cached for it: a run cut short (a stopped sweep); start it again.
+    print(f"[learning_bench] removing the unfinished run {workdir}", flush=True)
+    shutil.rmtree(workdir)
   config = [f"--config={_CONFIG_FILE.value}"] if _CONFIG_FILE.value else []
   cmd = [sys.executable, "-m", "launch.train", *config, f"--workdir={workdir}", "--progress=false",
          f"--config.env.name=MetaWorld/{task}", f"--config.seed={seed}", f"--config.scheduler={scheduler}",

@@ -139,3 +139,27 @@ def test_report_only_tables_the_finished_runs_and_runs_nothing(tmp_path):
   report = json.loads((tmp_path / "learning.json").read_text())
   assert sorted(report["runs"]) == ["Hammer-v3", "Push-v3", "Reach-v3"] and sorted(os.listdir(runs)) == [
       "Hammer-v3_sync_s0.json", "Push-v3_sb3_s0.json", "Reach-v3_sb3_s0.json", "Reach-v3_sync_s0.json"]
+
+
+def test_a_run_cut_short_is_started_again_in_a_clean_workdir(tmp_path, monkeypatch):
+  """A stopped sweep leaves a run's workdir without its figures; launch.train refuses a used
+  workdir, so the next call removes it before starting the run again."""
+  from absl import flags
+  if not flags.FLAGS.is_parsed():  # run_ebrl reads its flags' defaults; left unparsed for other tests.
+    flags.FLAGS.mark_as_parsed()
+    request_unparse = True
+  else:
+    request_unparse = False
+  workdir = tmp_path / "Reach-v3_sync_s0"
+  workdir.mkdir()
+  (workdir / "metrics.jsonl").write_text("{}\n")
+  seen = []
+  def fake_run(cmd, **kwargs):
+    seen.append(os.path.exists(workdir))
+    return subprocess.CompletedProcess(cmd, 1, "", "error: stopped here")
+  monkeypatch.setattr(lb.subprocess, "run", fake_run)
+  with pytest.raises(RuntimeError, match="stopped here"):
+    lb.run_ebrl("Reach-v3", 0, "sync", str(workdir))
+  if request_unparse:
+    flags.FLAGS.unparse_flags()
+  assert seen == [False]

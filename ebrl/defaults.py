@@ -61,7 +61,7 @@ def get_config() -> ml_collections.ConfigDict:
       clip_eps=0.2,
       value_clip_eps=0.0,
       # The loss is vf_coef * 0.5 * mean((V - R)^2): 1.0 weighs the critic as SB3's PPO does (its
-      # vf_coef 0.5 without the half). BENCHMARKS.md "PPO against SB3 on the 50 MetaWorld tasks".
+      # vf_coef 0.5 without the half). BENCHMARKS.md "PPO from scratch on the 50 MetaWorld tasks".
       vf_coef=1.0,
       ent_coef=0.0,
       normalize_advantages=True,
@@ -77,7 +77,7 @@ def get_config() -> ml_collections.ConfigDict:
       # Rewards divided by a running std of each env's discounted return (as Stable-Baselines3's
       # VecNormalize), before reward_scale multiplies them (ebrl/normalizer.py normalize_rewards).
       # On by default: a fixed scale left MetaWorld's returns (hundreds to thousands) so large that
-      # the value loss filled the 0.5 gradient-norm clip (norm 5-15) and the policy barely moved
+      # the value loss filled the 0.5 gradient-norm clip (norm 3-11) and the policy barely moved
       # (KL ~1e-3 per update); normalised, the norm stays 0.3-0.6 and tasks that stalled learn.
       reward_norm=True,
       # The critic predicts returns standardised by running statistics of its targets, whose

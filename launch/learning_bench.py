@@ -223,8 +223,10 @@ def _printed(stdout: str, key: str, end: str) -> float | None:
   return None
 
 
-def _cached(path: str, make) -> dict | None:
+def _cached(path: str, label: str, make) -> dict | None:
   """A finished run's figures from its JSON, else it runs now (None under --report_only)."""
+  if not _REPORT_ONLY.value:
+    print(f"[learning_bench] {label}", flush=True)
   if os.path.exists(path) and not _RERUN.value:
     with open(path) as f:
       return json.load(f)
@@ -333,17 +335,14 @@ def main(argv: list[str]) -> None:
     for scheduler in _SCHEDULERS.value:
       for seed in seeds:
         name = f"{task}_{scheduler}_s{seed}"
-        if not _REPORT_ONLY.value:
-          print(f"[learning_bench] EBRL {scheduler} {task} seed {seed}", flush=True)
-        run = _cached(os.path.join(runs_dir, name + ".json"),
+        run = _cached(os.path.join(runs_dir, name + ".json"), f"EBRL {scheduler} {task} seed {seed}",
                       lambda: run_ebrl(task, seed, scheduler, os.path.join(runs_dir, name)))
         if run is not None:
           task_runs.setdefault(scheduler, {})[str(seed)] = run
     if _PEER_PYTHON.value or _REPORT_ONLY.value:
       for seed in peer_seeds:
-        if not _REPORT_ONLY.value:
-          print(f"[learning_bench] SB3 PPO {task} seed {seed}", flush=True)
-        run = _cached(os.path.join(runs_dir, f"{task}_sb3_s{seed}.json"), lambda: run_peer(task, seed, runs_dir))
+        run = _cached(os.path.join(runs_dir, f"{task}_sb3_s{seed}.json"), f"SB3 PPO {task} seed {seed}",
+                      lambda: run_peer(task, seed, runs_dir))
         if run is not None:
           task_runs.setdefault("sb3", {})[str(seed)] = run
     if not task_runs:

@@ -158,8 +158,10 @@ def test_a_run_cut_short_is_started_again_in_a_clean_workdir(tmp_path, monkeypat
     seen.append(os.path.exists(workdir))
     return subprocess.CompletedProcess(cmd, 1, "", "error: stopped here")
   monkeypatch.setattr(lb.subprocess, "run", fake_run)
-  with pytest.raises(RuntimeError, match="stopped here"):
-    lb.run_ebrl("Reach-v3", 0, "sync", str(workdir))
-  if request_unparse:
-    flags.FLAGS.unparse_flags()
+  try:
+    with pytest.raises(RuntimeError, match="stopped here"):
+      lb.run_ebrl("Reach-v3", 0, "sync", str(workdir))
+  finally:
+    if request_unparse:
+      flags.FLAGS.unparse_flags()
   assert seen == [False]

@@ -363,6 +363,9 @@ def main(argv: list[str]) -> None:
   print()
   for line in task_table(results, report["verdicts"]):
     print(line)
+  print()
+  for line in seed_table(results, _TARGET.value, _STEPS_RATIO.value):
+    print(line)
   print(f"wrote {_OUT.value} and {len(results)} plots in {out_dir}")
 
 
@@ -423,6 +426,42 @@ def task_table(results: dict, verdicts: dict) -> list[str]:
       row += [" / ".join(k(r["env_steps_to_target"]) for _, r in sorted(own.items())) or "-",
               " / ".join(f(r["final_success"]) for _, r in sorted(own.items())) or "-",
               "-" if ratio is None else f"{ratio:.2f}", said]
+    lines.append("| " + " | ".join(row) + " |")
+  return lines
+
+
+def held(runs: dict, target: float) -> str:
+  """'k/n': of n seeds, k reached the target and ended at it (the acceptance's test of one seed)."""
+  ok = sum(r["env_steps_to_target"] is not None and (r["final_success"] or 0.0) >= target for r in runs.values())
+  return f"{ok}/{len(runs)}"
+
+
+def seed_table(results: dict, target: float, steps_ratio: float = 1.25) -> list[str]:
+  """One row per task the peer solves, over every seed run: how many seeds of each system reached
+  the target and held it, their median env steps to it, and the peer judged against itself by the
+  same bar as EBRL (its seeds after 0 against its seed 0). Two runs of one algorithm differ per
+  seed; this says how often the per-seed bar fails where nothing differs but the seed."""
+  systems = sorted({s for runs in results.values() for s in runs if s != "sb3"})
+  k = lambda v: "never" if v is None else f"{v / 1000:,.0f}k"
+  lines = ["| task | SB3 seeds held | SB3 median | " + " | ".join(
+      f"EBRL {s} seeds held | EBRL {s} median" for s in systems) + " | SB3's later seeds against its seed 0 |",
+           "| --- | ---: | ---: | " + " | ".join("---: | ---:" for _ in systems) + " | --- |"]
+  for task, runs in results.items():
+    peer = runs.get("sb3", {})
+    if not any(r["env_steps_to_target"] is not None for r in peer.values()):
+      continue
+    row = [task, held(peer, target), k(median_steps(peer))]
+    for system in systems:
+      own = runs.get(system, {})
+      row += [held(own, target), k(median_steps(own))] if own else ["-", "-"]
+    later = {s: r for s, r in peer.items() if s != "0"}
+    if "0" not in peer or not later:
+      row.append("-")
+    else:
+      v = verdict({"sb3": {"0": peer["0"]}, "self": later}, target, steps_ratio)["self"]
+      said = "meets" if v["meets_steps"] else "short"
+      ratio = v["steps_ratio"]
+      row.append(f"{said} ({'-' if ratio is None else f'{ratio:.2f}'}; {len(later)} seed{'s' * (len(later) > 1)})")
     lines.append("| " + " | ".join(row) + " |")
   return lines
 

@@ -165,3 +165,20 @@ def test_a_run_cut_short_is_started_again_in_a_clean_workdir(tmp_path, monkeypat
     if request_unparse:
       flags.FLAGS.unparse_flags()
   assert seen == [False]
+
+
+def test_the_seed_table_counts_held_seeds_and_judges_the_peer_against_itself():
+  """Per task the peer solves: k/n seeds that reached the target and ended at it, the medians, and
+  the peer's later seeds judged by EBRL's bar against its seed 0 (a seed that never got there, or
+  dipped below the target at the end, is not held)."""
+  results = {
+      "A-v3": {"sb3": {"0": _run(30.0, 0.95, steps=200_000), "1": _run(None, 0.2), "2": _run(30.0, 0.92, steps=220_000)},
+               "sync": {"0": _run(30.0, 0.95, steps=180_000), "1": _run(30.0, 0.85, steps=240_000)}},
+      "B-v3": {"sb3": {"0": _run(None, 0.1)}, "sync": {"0": _run(30.0, 0.95)}},  # Peer never solves: no row.
+      "C-v3": {"sb3": {"0": _run(30.0, 0.95, steps=100_000), "1": _run(30.0, 0.93, steps=120_000)}},
+  }
+  lines = lb.seed_table(results, 0.9)
+  assert len(lines) == 4
+  # Peer seeds 1 and 2 against seed 0: seed 1 never got there, so the peer fails its own bar.
+  assert lines[2] == "| A-v3 | 2/3 | 220k | 1/2 | 210k | short (-; 2 seeds) |"
+  assert lines[3] == "| C-v3 | 2/2 | 110k | - | - | meets (1.20; 1 seed) |"

@@ -41,6 +41,7 @@ from ebrl.algorithms.ppo import PPOConfig, masked_mean, ppo_loss
 from ebrl.algorithms.vtrace import vtrace
 from ebrl.algorithms.staleness import fresh_mask
 from ebrl.types import Rollout, SegmentBatch, TrainState
+from ebrl.validation import OBS_NORM_UPDATES
 from policies.base import Policy
 
 
@@ -63,6 +64,14 @@ class LearnerConfig:
   # each env's discounted return, then multiplied by reward_scale. num_envs sizes the per-env returns.
   reward_norm: bool = False
   num_envs: int = 1
+  # When the observation normaliser takes an update's batch: "after" its epochs (the update trains
+  # on the statistics the batch was acted with), or "before" them: the statistics include the batch,
+  # the proximal log-probs are taken again under them, and the behaviour weight (decoupled PPO)
+  # corrects the small shift from the statistics the batch was acted with. "before" is how
+  # VecNormalize behaves (every observation is counted before it is normalised), so the first
+  # update already trains on normalised inputs and the critic it fits is the one the next rollout
+  # evaluates with.
+  obs_norm_update: str = "after"
   # Value normalisation: the critic predicts returns standardised by running statistics of the
   # value targets (TrainState.value_norm), whose history weighs as at most value_norm_count
   # samples so they follow the returns as the policy improves. Off: the identity.
@@ -89,7 +98,7 @@ class LearnerConfig:
         gamma=layout.gamma, gae_lambda=a.gae_lambda, epochs=a.epochs, num_minibatches=a.num_minibatches,
         learning_rate=a.learning_rate, lr_schedule=a.lr_schedule, total_updates=layout.total_updates,
         max_grad_norm=a.max_grad_norm, target_kl=a.target_kl, reward_scale=a.reward_scale,
-        reward_norm=a.reward_norm, num_envs=layout.num_envs,
+        reward_norm=a.reward_norm, num_envs=layout.num_envs, obs_norm_update=a.obs_norm_update,
         value_norm=a.value_norm, value_norm_count=float(a.value_norm_count), max_staleness=cfg.ebrl.max_staleness,
         algorithm=a.name, group_size=a.group_size,
         correction=a.correction, vtrace_rho_clip=a.vtrace_rho_clip, vtrace_c_clip=a.vtrace_c_clip,
@@ -152,6 +161,8 @@ class Learner:
   def __init__(self, policy: Policy, cfg: LearnerConfig, mesh: Mesh | None = None):
     if cfg.algorithm not in ("ppo", "grpo"):
       raise ValueError(f"unknown learner algorithm '{cfg.algorithm}'; valid: ppo, grpo")
+    if cfg.obs_norm_update not in OBS_NORM_UPDATES:
+      raise ValueError(f"unknown obs_norm_update '{cfg.obs_norm_update}'; valid: {', '.join(OBS_NORM_UPDATES)}")
     if cfg.algorithm == "grpo" and cfg.group_size < 2:
       raise ValueError(f"grpo needs group_size >= 2 (got {cfg.group_size}): a group of one env has no baseline")
     self.policy = policy
@@ -159,7 +170,7 @@ class Learner:
     self.mesh = mesh or make_mesh()
     self._optimizer = make_optimizer(cfg)
     self.replicated = NamedSharding(self.mesh, P())  # Where a train state lives.
-    self._update: Callable = jax.jit(self._update_fn, donate_argnums=(0,))
+    self._update: Callable = jax.jit(self._rollout_fn, donate_argnums=(0,))
     self._update_segments: Callable = jax.jit(self._segments_fn, donate_argnums=(0,))
 
   def init(self, key: jax.Array) -> TrainState:
@@ -189,6 +200,10 @@ class Learner:
 
   def _segments_fn(self, state: TrainState, sb: SegmentBatch) -> tuple[TrainState, dict]:
     horizon = sb.actions.shape[0]
+    old_params = state.params
+    if self.cfg.obs_norm_update == "before":
+      state = state.replace(params=self.policy.update_normalizer(
+          state.params, jax.tree.map(lambda x: x[:horizon], sb.obs), sb.valid))
     # Values and proximal log-probs come from the params the update starts from.
     actions = jnp.concatenate([sb.actions, jnp.zeros_like(sb.actions[:1])])
     prox_logp, _, values = self.policy.evaluate(state.params, sb.obs, actions)
@@ -214,6 +229,21 @@ class Learner:
     # checked on what the admission path let through, not on what survived the mask.
     metrics.update(_staleness(state.version, sb.version, sb.valid))
     metrics["stale_dropped"] = jnp.sum(sb.valid & ~fresh)
+    if self.cfg.obs_norm_update == "before":
+      metrics.update(_normalizer_shift(old_params, state.params))
+    return new_state, metrics
+
+  def _rollout_fn(self, state: TrainState, ro: Rollout) -> tuple[TrainState, dict]:
+    """The on-policy update; with obs_norm_update="before" the normaliser takes the rollout first
+    and the rollout's log-probs under the updated statistics are the proximal ones, weighed against
+    the acting ones (equal while the statistics stand still)."""
+    if self.cfg.obs_norm_update == "after":
+      return self._update_fn(state, ro)
+    params = self.policy.update_normalizer(state.params, ro.obs, ro.valid)
+    prox_logp, _, _ = self.policy.evaluate(params, ro.obs, ro.actions)
+    new_state, metrics = self._update_fn(state.replace(params=params), ro.replace(logp=jax.lax.stop_gradient(prox_logp)),
+                                         behaviour_logp=ro.logp)
+    metrics.update(_normalizer_shift(state.params, params))
     return new_state, metrics
 
   def _rewards(self, state: TrainState, rewards: jax.Array, done: jax.Array, valid: jax.Array, gamma,
@@ -297,11 +327,12 @@ class Learner:
     carry = (state.params, opt_state, state.skipped_updates, jnp.zeros((), bool))
     (params, opt_state, skipped, _), metrics = jax.lax.scan(
         epoch, carry, jax.random.split(epoch_key, cfg.epochs))
-    new_params = policy.update_normalizer(params, ro.obs, ro.valid)
     metrics = jax.tree.map(jnp.mean, metrics)
     metrics.update(scale)
-    metrics.update(_normalizer_shift(params, new_params))
-    params = new_params
+    if cfg.obs_norm_update == "after":  # "before": the caller has.
+      new_params = policy.update_normalizer(params, ro.obs, ro.valid)
+      metrics.update(_normalizer_shift(params, new_params))
+      params = new_params
     value_norm = state.value_norm
     critic_free = targets is None and cfg.algorithm == "grpo"  # Nothing is fitted to returns.
     if cfg.value_norm and not critic_free:  # After the epochs, like the obs normaliser: one scale per update.

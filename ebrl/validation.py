@@ -18,6 +18,7 @@ DEVICE_SCHEDULERS = ("sync", "ebrl", "random")
 ALGORITHMS = ("ppo", "grpo")
 LR_SCHEDULES = ("constant", "linear")
 CORRECTIONS = ("decoupled_ppo", "vtrace")
+OBS_NORM_UPDATES = ("after", "before")  # When the observation statistics take a batch (ebrl/learner.py).
 RESOURCE_MODES = ("off", "auto", "naive", "manual")
 PLACEMENTS = ("auto", "threads", "processes")
 LEARNER_PRIORITIES = ("auto", "normal", "idle")
@@ -70,6 +71,9 @@ def validate(cfg, num_devices: int | None) -> None:
     raise UserError(f"unknown algorithm '{cfg.algorithm.name}'; valid: {', '.join(ALGORITHMS)}")
   if cfg.algorithm.lr_schedule not in LR_SCHEDULES:
     raise UserError(f"unknown algorithm.lr_schedule '{cfg.algorithm.lr_schedule}'; valid: {', '.join(LR_SCHEDULES)}")
+  if cfg.algorithm.obs_norm_update not in OBS_NORM_UPDATES:
+    raise UserError(f"unknown algorithm.obs_norm_update '{cfg.algorithm.obs_norm_update}'; valid: "
+                    f"{', '.join(OBS_NORM_UPDATES)}")
   if cfg.algorithm.correction not in CORRECTIONS:
     raise UserError(f"unknown algorithm.correction '{cfg.algorithm.correction}'; valid: {', '.join(CORRECTIONS)}")
   for name in ("vtrace_rho_clip", "vtrace_c_clip", "behaviour_weight_clip"):

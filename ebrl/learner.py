@@ -41,8 +41,10 @@ from ebrl.algorithms.ppo import PPOConfig, masked_mean, ppo_loss
 from ebrl.algorithms.vtrace import vtrace
 from ebrl.algorithms.staleness import fresh_mask
 from ebrl.types import Rollout, SegmentBatch, TrainState
-from ebrl.validation import OBS_NORM_UPDATES
 from policies.base import Policy
+
+
+OBS_NORM_UPDATES = ("after", "before")  # When the observation statistics take a batch (LearnerConfig).
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,7 +18,6 @@ DEVICE_SCHEDULERS = ("sync", "ebrl", "random")
 ALGORITHMS = ("ppo", "grpo")
 LR_SCHEDULES = ("constant", "linear")
 CORRECTIONS = ("decoupled_ppo", "vtrace")
-OBS_NORM_UPDATES = ("after", "before")  # When the observation statistics take a batch (ebrl/learner.py).
 RESOURCE_MODES = ("off", "auto", "naive", "manual")
 PLACEMENTS = ("auto", "threads", "processes")
 LEARNER_PRIORITIES = ("auto", "normal", "idle")
@@ -71,6 +70,7 @@ def validate(cfg, num_devices: int | None) -> None:
     raise UserError(f"unknown algorithm '{cfg.algorithm.name}'; valid: {', '.join(ALGORITHMS)}")
   if cfg.algorithm.lr_schedule not in LR_SCHEDULES:
     raise UserError(f"unknown algorithm.lr_schedule '{cfg.algorithm.lr_schedule}'; valid: {', '.join(LR_SCHEDULES)}")
+  from ebrl.learner import OBS_NORM_UPDATES  # pylint: disable=g-import-not-at-top
   if cfg.algorithm.obs_norm_update not in OBS_NORM_UPDATES:
     raise UserError(f"unknown algorithm.obs_norm_update '{cfg.algorithm.obs_norm_update}'; valid: "
                     f"{', '.join(OBS_NORM_UPDATES)}")

@@ -85,6 +85,7 @@ CASES = {
                                 "quotas.render_cores='0-999' names cores"),
     "bad_chunk_size": (["--config.policy.chunk_size=0"], "policy.chunk_size=0 must be an integer >= 1"),
     "unknown_reward_type": (["--config.env.reward_type=step"], "valid: chunk, action"),
+    "unknown_obs_norm_update": (["--config.algorithm.obs_norm_update=during"], "valid: after, before"),
     "chunks_on_device_env": (["--config.env.name=mjx:CartpoleBalance", "--config.policy.chunk_size=4"],
                              "runs chunks in host simulators"),
     "unknown_vla_decode": (["--config.policy.name=vla", "--config.policy.decode=beam"],

@@ -19,8 +19,11 @@ the default becomes:
   vf_coef * 0.5 * mean((V - R)^2), so vf_coef = 1.0 here.
 
 One difference stays: VecNormalize updates the observation statistics at every env step (from
-the reset observations on), EBRL after every update (the first rollout is seen unnormalised);
-BENCHMARKS.md measures whether it matters.
+the reset observations on), EBRL once per update, after its epochs by default (the first rollout
+is seen unnormalised). `--config.algorithm.obs_norm_update=before` merges each batch before its
+epochs, which is VecNormalize's timing up to the step-by-step merge inside a rollout; the preset
+keeps the default so that its measured figures stand. BENCHMARKS.md ("What the per-update
+metrics show") measures what the timing does.
 """
 
 from ebrl import defaults

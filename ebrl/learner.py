@@ -202,10 +202,9 @@ class Learner:
 
   def _segments_fn(self, state: TrainState, sb: SegmentBatch) -> tuple[TrainState, dict]:
     horizon = sb.actions.shape[0]
-    old_params = state.params
+    shift = {}
     if self.cfg.obs_norm_update == "before":
-      state = state.replace(params=self.policy.update_normalizer(
-          state.params, jax.tree.map(lambda x: x[:horizon], sb.obs), sb.valid))
+      state, shift = self._normalise_first(state, jax.tree.map(lambda x: x[:horizon], sb.obs), sb.valid)
     # Values and proximal log-probs come from the params the update starts from.
     actions = jnp.concatenate([sb.actions, jnp.zeros_like(sb.actions[:1])])
     prox_logp, _, values = self.policy.evaluate(state.params, sb.obs, actions)
@@ -231,8 +230,7 @@ class Learner:
     # checked on what the admission path let through, not on what survived the mask.
     metrics.update(_staleness(state.version, sb.version, sb.valid))
     metrics["stale_dropped"] = jnp.sum(sb.valid & ~fresh)
-    if self.cfg.obs_norm_update == "before":
-      metrics.update(_normalizer_shift(old_params, state.params))
+    metrics.update(shift)
     return new_state, metrics
 
   def _rollout_fn(self, state: TrainState, ro: Rollout) -> tuple[TrainState, dict]:
@@ -241,12 +239,18 @@ class Learner:
     the acting ones (equal while the statistics stand still)."""
     if self.cfg.obs_norm_update == "after":
       return self._update_fn(state, ro)
-    params = self.policy.update_normalizer(state.params, ro.obs, ro.valid)
-    prox_logp, _, _ = self.policy.evaluate(params, ro.obs, ro.actions)
-    new_state, metrics = self._update_fn(state.replace(params=params), ro.replace(logp=jax.lax.stop_gradient(prox_logp)),
+    state, shift = self._normalise_first(state, ro.obs, ro.valid)
+    prox_logp, _, _ = self.policy.evaluate(state.params, ro.obs, ro.actions)
+    new_state, metrics = self._update_fn(state, ro.replace(logp=jax.lax.stop_gradient(prox_logp)),
                                          behaviour_logp=ro.logp)
-    metrics.update(_normalizer_shift(state.params, params))
+    metrics.update(shift)
     return new_state, metrics
+
+  def _normalise_first(self, state: TrainState, obs, valid: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
+    """obs_norm_update="before": the state with the batch merged into the observation statistics
+    before the epochs (rollouts and segments alike), and how far that moved them."""
+    params = self.policy.update_normalizer(state.params, obs, valid)
+    return state.replace(params=params), _normalizer_shift(state.params, params)
 
   def _rewards(self, state: TrainState, rewards: jax.Array, done: jax.Array, valid: jax.Array, gamma,
                env_ids: jax.Array | None, bootstrap: jax.Array | None) -> tuple[jax.Array, normalizer.ReturnNorm]:

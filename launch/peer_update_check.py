@@ -11,7 +11,7 @@ more update. Here the same weights and Adam moments go into EBRL's policy and op
   the ones the peer stored while acting;
 - GAE: EBRL's `gae` over the peer's rewards (which carry gamma * V(final obs) on truncated
   steps), values and episode ends, against the peer's advantages;
-- the update: EBRL's jitted update (10 epochs of one full-batch minibatch, clip 0.2, the value
+- the update: EBRL's update function (10 epochs of one full-batch minibatch, clip 0.2, the value
   loss weighted as the peer's, gradients clipped to 0.5, Adam with eps 1e-5) on the peer's
   advantages and returns, against the peer's params after its update.
 

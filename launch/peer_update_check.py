@@ -114,6 +114,11 @@ def compare(dump: dict[str, np.ndarray]) -> dict[str, float]:
           "largest_param_move": max(jax.tree.leaves(moved))}
 
 
+def _load(path: str) -> dict[str, np.ndarray]:
+  with np.load(path) as f:
+    return {k: f[k] for k in f.files}
+
+
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     common.fail(f"unexpected arguments {argv[1:]}")
@@ -121,17 +126,18 @@ def main(argv: list[str]) -> None:
     common.fail("give --peer_python and --peer_dir (to run the peer's update), or --dump=<an earlier dump.npz>")
   if _UPDATES_BEFORE.value < 0:
     common.fail(f"--updates_before={_UPDATES_BEFORE.value} must be >= 0")
-  path = _DUMP.value
-  if path is None:
-    path = os.path.join(tempfile.mkdtemp(prefix="peer_update_"), "update.npz")
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peer_side", "sb3_update_dump.py")
-    proc = subprocess.run([_PEER_PYTHON.value, script, f"--peer_dir={_PEER_DIR.value}", f"--env={_ENV.value}",
-                           f"--updates_before={_UPDATES_BEFORE.value}", f"--out={path}"],
-                          capture_output=True, text=True, check=False)
-    if proc.returncode:
-      common.fail(f"the peer's update failed: {(proc.stderr.strip().splitlines() or ['no output'])[-1]}")
-  with np.load(path) as f:
-    dump = {k: f[k] for k in f.files}
+  if _DUMP.value is not None:
+    dump = _load(_DUMP.value)
+  else:
+    with tempfile.TemporaryDirectory(prefix="peer_update_") as tmp:  # Removed on every exit, errors too.
+      path = os.path.join(tmp, "update.npz")
+      script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peer_side", "sb3_update_dump.py")
+      proc = subprocess.run([_PEER_PYTHON.value, script, f"--peer_dir={_PEER_DIR.value}", f"--env={_ENV.value}",
+                             f"--updates_before={_UPDATES_BEFORE.value}", f"--out={path}"],
+                            capture_output=True, text=True, check=False)
+      if proc.returncode:
+        common.fail(f"the peer's update failed: {(proc.stderr.strip().splitlines() or ['no output'])[-1]}")
+      dump = _load(path)
   got = compare(dump)
   logged = {k[len("logged/"):]: float(v) for k, v in dump.items() if k.startswith("logged/")}
   print(f"| {_ENV.value}, update {_UPDATES_BEFORE.value + 1} | largest difference |")

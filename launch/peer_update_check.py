@@ -27,17 +27,24 @@ import os
 import subprocess
 import sys
 import tempfile
+from types import SimpleNamespace
 
 from absl import flags
 import numpy as np
 
 from launch import common
 
-_PEER_PYTHON = flags.DEFINE_string("peer_python", None, "The peer's interpreter (Stable-Baselines3 + torch).")
-_PEER_DIR = flags.DEFINE_string("peer_dir", None, "Directory of the peer harness (envpool_sb3_vecenv.py).")
-_ENV = flags.DEFINE_string("env", "MetaWorld/DialTurn-v3", "EnvPool MetaWorld task the rollout comes from.")
-_UPDATES_BEFORE = flags.DEFINE_integer("updates_before", 3, "Peer updates before the one compared (Adam state).")
-_DUMP = flags.DEFINE_string("dump", None, "An existing dump to compare (skips running the peer).")
+
+def _define_flags() -> SimpleNamespace:
+  """Defined when run as a program, not on import: the test suite imports this module beside
+  launch.learning_bench, which has its own --peer_python, and absl flags are process-global."""
+  return SimpleNamespace(
+      peer_python=flags.DEFINE_string("peer_python", None, "The peer's interpreter (Stable-Baselines3 + torch)."),
+      peer_dir=flags.DEFINE_string("peer_dir", None, "Directory of the peer harness (envpool_sb3_vecenv.py)."),
+      env=flags.DEFINE_string("env", "MetaWorld/DialTurn-v3", "EnvPool MetaWorld task the rollout comes from."),
+      updates_before=flags.DEFINE_integer("updates_before", 3, "Peer updates before the one compared (Adam state)."),
+      dump=flags.DEFINE_string("dump", None, "An existing dump to compare (skips running the peer)."))
+
 
 HIDDEN = (64, 64)
 TOLERANCE = 1e-5  # float32 rounding over 10 epochs of Adam steps.
@@ -119,28 +126,28 @@ def _load(path: str) -> dict[str, np.ndarray]:
     return {k: f[k] for k in f.files}
 
 
-def main(argv: list[str]) -> None:
+def main(argv: list[str], f: SimpleNamespace) -> None:
   if len(argv) > 1:
     common.fail(f"unexpected arguments {argv[1:]}")
-  if _DUMP.value is None and not (_PEER_PYTHON.value and _PEER_DIR.value):
+  if f.dump.value is None and not (f.peer_python.value and f.peer_dir.value):
     common.fail("give --peer_python and --peer_dir (to run the peer's update), or --dump=<an earlier dump.npz>")
-  if _UPDATES_BEFORE.value < 0:
-    common.fail(f"--updates_before={_UPDATES_BEFORE.value} must be >= 0")
-  if _DUMP.value is not None:
-    dump = _load(_DUMP.value)
+  if f.updates_before.value < 0:
+    common.fail(f"--updates_before={f.updates_before.value} must be >= 0")
+  if f.dump.value is not None:
+    dump = _load(f.dump.value)
   else:
     with tempfile.TemporaryDirectory(prefix="peer_update_") as tmp:  # Removed on every exit, errors too.
       path = os.path.join(tmp, "update.npz")
       script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peer_side", "sb3_update_dump.py")
-      proc = subprocess.run([_PEER_PYTHON.value, script, f"--peer_dir={_PEER_DIR.value}", f"--env={_ENV.value}",
-                             f"--updates_before={_UPDATES_BEFORE.value}", f"--out={path}"],
+      proc = subprocess.run([f.peer_python.value, script, f"--peer_dir={f.peer_dir.value}", f"--env={f.env.value}",
+                             f"--updates_before={f.updates_before.value}", f"--out={path}"],
                             capture_output=True, text=True, check=False)
       if proc.returncode:
         common.fail(f"the peer's update failed: {(proc.stderr.strip().splitlines() or ['no output'])[-1]}")
       dump = _load(path)
   got = compare(dump)
   logged = {k[len("logged/"):]: float(v) for k, v in dump.items() if k.startswith("logged/")}
-  print(f"| {_ENV.value}, update {_UPDATES_BEFORE.value + 1} | largest difference |")
+  print(f"| {f.env.value}, update {f.updates_before.value + 1} | largest difference |")
   print("| --- | ---: |")
   for name, value in got.items():
     print(f"| {name} | {value:.2e} |")
@@ -152,4 +159,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  common.run(main)
+  _flags = _define_flags()
+  common.run(lambda argv: main(argv, _flags))

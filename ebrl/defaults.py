@@ -95,8 +95,8 @@ def get_config() -> ml_collections.ConfigDict:
   ))
   # scheduler=ebrl: env groups on their own threads, dynamic generation batches, async learner.
   c.ebrl = ml_collections.ConfigDict(dict(
-      num_groups=0,  # 0 = auto: 1 for MetaWorld/MT10 (its task pools are independent), else 2.
-      recv_batch=0,  # Envs EnvPool returns per recv; 0 = half a group (MT10: all but one per task pool);
+      num_groups=0,  # 0 = auto: 1 for a multi-task MetaWorld env (its task pools are independent), else 2.
+      recv_batch=0,  # Envs EnvPool returns per recv; 0 = half a group (multi-task: all but one per task pool);
       # all envs of a group = the fully batched layout (sync-mode pools, every env steps together).
       max_gen_batch=0,  # Most rows in one generation batch; 0 = recv_batch * num_groups.
       max_wait_ms=1.0,  # Longest wait for more ready envs before generating.

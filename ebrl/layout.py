@@ -6,7 +6,8 @@ groups, how many envs each, how many samples an update takes, how many
 updates the budget pays for). Each derived once here, nothing else can
 disagree with it. The module sits at the bottom of the import graph: it reads
 a config mapping and, when the resource manager planned the run, its plan
-(anything with `num_groups`, `recv_batch`, `max_gen_batch`, `sim_threads`).
+(anything with `num_groups`, `recv_batch`, `max_gen_batch`, `sim_threads`). Whether an env is a
+multi-task MetaWorld list it asks sim_adapters/tasks.py, which imports nothing from the project.
 
 What each field means for each scheduler:
 * sync, random: one group of all envs, one update per `rollout_length` steps of every env.
@@ -21,7 +22,7 @@ import dataclasses
 import math
 import os
 
-_MT10 = "MetaWorld/MT10"
+from sim_adapters.tasks import is_multitask
 
 
 def envs_per_group(num_envs: int, num_groups: int) -> int:
@@ -30,11 +31,12 @@ def envs_per_group(num_envs: int, num_groups: int) -> int:
 
 
 def _num_groups(cfg) -> int:
-  """ebrl.num_groups = 0 picks 1 for MetaWorld/MT10, whose ten task pools already run independently
-  of each other (one receiver thread each), so splitting them further only shrinks every pool's
-  batches; 2 otherwise, so one group simulates while the other's actions are generated."""
+  """ebrl.num_groups = 0 picks 1 for a multi-task MetaWorld env (MT10, MT50, a list), whose task
+  pools already run independently of each other (one receiver thread each), so splitting them
+  further only shrinks every pool's batches; 2 otherwise, so one group simulates while the other's
+  actions are generated."""
   if cfg.scheduler == "ebrl":
-    return cfg.ebrl.num_groups or (1 if cfg.env.name == _MT10 else 2)
+    return cfg.ebrl.num_groups or (1 if is_multitask(cfg.env.name) else 2)
   if cfg.scheduler == "pipelined":
     return cfg.pipelined.num_partitions
   return 1
@@ -43,11 +45,11 @@ def _num_groups(cfg) -> int:
 def _recv_batch(cfg, per_group: int) -> int:
   """Envs an ebrl group's recv returns (ebrl.recv_batch = 0): half a group for one EnvPool, so
   envs return in two waves that overlap the other group's generation; all but one env of each
-  MT10 task pool, which already return independently (bigger batches spend less Python time per
-  env step)."""
+  task pool of a multi-task env, which already return independently (bigger batches spend less
+  Python time per env step)."""
   if cfg.ebrl.recv_batch:
     return cfg.ebrl.recv_batch
-  return max(1, per_group - 1 if cfg.env.name == _MT10 else per_group // 2)
+  return max(1, per_group - 1 if is_multitask(cfg.env.name) else per_group // 2)
 
 
 @dataclasses.dataclass(frozen=True)

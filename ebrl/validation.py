@@ -11,6 +11,7 @@ import os
 
 from ebrl.errors import UserError
 from ebrl.layout import RunLayout
+from sim_adapters.tasks import TaskListError, is_multitask, multitask_tasks
 
 SCHEDULERS = ("sync", "pipelined", "ebrl", "random")
 # Device simulators (mjx:..., brax:...) have no host env stages to pipeline.
@@ -23,7 +24,7 @@ PLACEMENTS = ("auto", "threads", "processes")
 LEARNER_PRIORITIES = ("auto", "normal", "idle")
 REWARD_TYPES = ("chunk", "action")  # sim_adapters/chunks.py
 VLA_DECODES = ("parallel", "autoregressive")
-# EnvPool takes int32 seeds, and env groups (seed + 7919 g), MT10's task pools (seed + 1000 k) and
+# EnvPool takes int32 seeds, and env groups (seed + 7919 g), multi-task pools (seed + 1000 k) and
 # per-env seeds add offsets to the run's seed: this headroom keeps every one of them an int32.
 SEED_HEADROOM = 2**20
 SEED_MAX = 2**31 - 1 - SEED_HEADROOM
@@ -61,6 +62,7 @@ def validate(cfg, num_devices: int | None) -> None:
   if cfg.scheduler not in SCHEDULERS:
     raise UserError(f"unknown scheduler '{cfg.scheduler}'; valid: {', '.join(SCHEDULERS)}")
   device = is_device_env(cfg.env.name)
+  tasks = _task_list(cfg.env.name)
   if device and cfg.scheduler not in DEVICE_SCHEDULERS:
     raise UserError(f"scheduler '{cfg.scheduler}' cannot drive device env '{cfg.env.name}'; "
                     f"valid: {', '.join(DEVICE_SCHEDULERS)}")
@@ -119,9 +121,9 @@ def validate(cfg, num_devices: int | None) -> None:
     _positive(key, groups)
     if cfg.num_envs % groups:
       raise UserError(f"{key}={groups} must divide num_envs={cfg.num_envs}")
-  if cfg.env.name == "MetaWorld/MT10" and cfg.num_envs < 10 * groups:
-    raise UserError(f"num_envs={cfg.num_envs} is too few for MetaWorld/MT10: it needs at least one env per task"
-                    f"{' in each group' if groups > 1 else ''}, so at least {10 * groups}")
+  if tasks is not None and cfg.num_envs < len(tasks) * groups:
+    raise UserError(f"num_envs={cfg.num_envs} is too few for {cfg.env.name}: it needs at least one env per task"
+                    f"{' in each group' if groups > 1 else ''}, so at least {len(tasks) * groups}")
   if cfg.scheduler == "ebrl":
     e = cfg.ebrl
     if not isinstance(e.max_staleness, int) or e.max_staleness < 0:
@@ -157,6 +159,15 @@ def validate(cfg, num_devices: int | None) -> None:
   try:
     check_env_name(cfg.env.name)
   except UnknownEnvError as e:
+    raise UserError(str(e)) from None
+
+
+def _task_list(name: str) -> tuple[str, ...] | None:
+  """The tasks of a multi-task MetaWorld env (sim_adapters/tasks.py), None for any other env; a
+  bad list (empty, a task repeated, a task MetaWorld does not have) is a UserError."""
+  try:
+    return multitask_tasks(name)
+  except TaskListError as e:
     raise UserError(str(e)) from None
 
 
@@ -203,7 +214,7 @@ def _check_grpo_and_warm_start(cfg, device: bool) -> None:
     if cfg.scheduler != "sync":
       raise UserError(f"algorithm.name=grpo needs scheduler=sync (got '{cfg.scheduler}'): it compares the envs of "
                       "a group at the same step, which the other schedulers do not keep aligned")
-    if device or cfg.env.name == "MetaWorld/MT10":
+    if device or is_multitask(cfg.env.name):
       raise UserError(f"algorithm.name=grpo needs one EnvPool with per-env seeds; env '{cfg.env.name}' "
                       "is not supported")
   if cfg.warm_start and not os.path.isdir(cfg.warm_start):
@@ -234,8 +245,8 @@ def _check_render_stage(cfg) -> None:
   e = cfg.env
   if e.render_stage and not e.from_pixels:
     raise UserError("env.render_stage=True draws pixels beside the state: it needs env.from_pixels=True")
-  if e.render_stage and e.name == "MetaWorld/MT10":
-    raise UserError("env.render_stage=True draws one EnvPool's envs; MetaWorld/MT10 has one pool per task "
+  if e.render_stage and is_multitask(e.name):
+    raise UserError(f"env.render_stage=True draws one EnvPool's envs; {e.name} has one pool per task "
                     "(use env.render_stage=False for its pixel pools)")
 
 

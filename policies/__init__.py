@@ -15,12 +15,10 @@ POLICY_NAMES = ("mlp", "cnn", "vla", "flow")
 
 
 def instructions_for(spec: EnvSpec) -> list[str] | None:
-  """One instruction per task id (MetaWorld/MT10), or the single task's own, for language tokens."""
-  from sim_adapters.multitask import MT10_TASKS
-  if spec.name == "MetaWorld/MT10":
-    return list(MT10_TASKS.values())
-  task = spec.name.split("/", 1)[-1]
-  return [MT10_TASKS[task]] if task in MT10_TASKS else None
+  """One instruction per task id of a multi-task MetaWorld env (MT10, MT50, a user's list), or a
+  single MetaWorld task's own, for language tokens; None for other envs."""
+  from sim_adapters.tasks import task_instructions
+  return task_instructions(spec.name)
 
 
 def make_policy(name: str, spec: EnvSpec, cfg) -> Policy:

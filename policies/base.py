@@ -44,7 +44,7 @@ VECTOR_KEYS = ("state", "task")  # Flat observation inputs, read in this order w
 
 
 def vector_keys(spec: EnvSpec) -> tuple[str, ...]:
-  """The flat inputs (state, MT10's task one-hot) this env gives, in reading order."""
+  """The flat inputs (state, a multi-task env's task one-hot) this env gives, in reading order."""
   return tuple(k for k in VECTOR_KEYS if k in spec.obs)
 
 

@@ -108,7 +108,7 @@ class FlowPolicy(FlatInputs):
   init_log_std: float = -1.0
   min_log_std: float = -4.0
   max_log_std: float = 0.0
-  # One instruction per task id (MT10): the expert is conditioned on its words as a bag of
+  # One instruction per task id (a multi-task env): the expert is conditioned on its words as a bag of
   # words beside the state, so the first layer learns a word embedding per vocabulary entry.
   instructions: tuple[str, ...] = ()
   name: str = "flow"

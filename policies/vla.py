@@ -6,7 +6,7 @@ Why this shape (OpenVLA / OpenVLA-OFT, scaled down for RL from scratch):
   log-probs and entropies are exact, and the float action the sampler stores
   maps back to the same tokens in `evaluate`.
 * One sequence holds a pooled [CLS] token (value head), proprio/state tokens,
-  instruction word tokens (MT10: looked up from the task one-hot), image patch
+  instruction word tokens (multi-task envs: looked up from the task one-hot), image patch
   tokens, and then K*A action query tokens (K = chunk_size actions of A dims).
   Context tokens never attend to action tokens, so the value and the context
   do not depend on the actions.
@@ -140,7 +140,7 @@ class _VLANet(nn.Module):
 class VLAPolicy:
   """Transformer policy over discrete action tokens; see the module docstring.
 
-  `instructions`: one instruction per task id (MT10: `list(MT10_TASKS.values())`),
+  `instructions`: one instruction per task id (a multi-task env: `policies.instructions_for(spec)`),
   used with the "task" one-hot; a single instruction is used for every env when
   the env has no "task" key. With "task" and no instructions, the task id gets a
   learned embedding token instead.

@@ -2,8 +2,9 @@
 
 Host simulators come from EnvPool (any EnvPool task id: MetaWorld/<Task>-v3,
 MuJoCo Playground CPU ports such as PandaPickCube-v1, Gymnasium MuJoCo such as
-Ant-v4, DM Control such as CartpoleBalance-v1) plus the multi-task mix
-MetaWorld/MT10. Device simulators (`mjx:<PlaygroundName>`, `brax:<name>`)
+Ant-v4, DM Control such as CartpoleBalance-v1) plus the multi-task MetaWorld
+lists MetaWorld/MT10, MetaWorld/MT50 and MetaWorld/MT:<task>,<task>,...
+(sim_adapters/tasks.py). Device simulators (`mjx:<PlaygroundName>`, `brax:<name>`)
 follow the DeviceSim contract instead and are built by `make_device_sim`
 (sim_adapters/mjx/).
 """
@@ -14,8 +15,9 @@ import difflib
 import functools
 
 from sim_adapters.base import EnvSpec, ObsSpec, SimAdapter, StepBatch
+from sim_adapters.tasks import NAMED_LISTS, TaskListError, is_multitask, multitask_tasks
 
-MULTI_TASK_NAMES = ("MetaWorld/MT10",)
+MULTI_TASK_NAMES = tuple(NAMED_LISTS)  # The named lists; a user's list is MetaWorld/MT:<task>,<task>,...
 
 
 class UnknownEnvError(ValueError):
@@ -45,12 +47,17 @@ def check_env_name(name: str) -> None:
     except ValueError as e:
       raise UnknownEnvError(str(e)) from None
     return
+  try:
+    if multitask_tasks(name) is not None:
+      return
+  except TaskListError as e:
+    raise UnknownEnvError(str(e)) from None
   names = known_env_names()
   if name in names:
     return
   lowered = {n.lower(): n for n in names}
   hints = [lowered[c] for c in difflib.get_close_matches(name.lower(), list(lowered), n=3, cutoff=0.6)]
-  hint = ", ".join(hints) if hints else "MetaWorld/Reach-v3, MetaWorld/MT10, CartpoleBalance-v1"
+  hint = ", ".join(hints) if hints else "MetaWorld/Reach-v3, MetaWorld/MT10, MetaWorld/MT50, CartpoleBalance-v1"
   raise UnknownEnvError(f"unknown env '{name}'; closest valid names: {hint}")
 
 
@@ -89,7 +96,7 @@ def make_adapter(name: str, num_envs: int, *, batch_size: int | None = None, num
                 thread_affinity_offset=thread_affinity_offset, seed=seed,
                 max_episode_steps=max_episode_steps)
   if env_group_size > 1:
-    if name in MULTI_TASK_NAMES:
+    if is_multitask(name):
       raise ValueError(f"same-seed env groups are not supported for '{name}'")
     # GRPO: env i gets seed + i // env_group_size (ebrl.algorithms.grpo.grouped_env_seeds), so
     # every env of a group starts each episode from the same initial state.
@@ -97,7 +104,7 @@ def make_adapter(name: str, num_envs: int, *, batch_size: int | None = None, num
   if render_stage and not from_pixels:
     raise ValueError("render_stage=True draws pixels: it needs from_pixels=True")
   if render_stage:
-    if name in MULTI_TASK_NAMES:
+    if is_multitask(name):
       raise ValueError(f"the render stage draws one EnvPool's envs; '{name}' has one pool per task "
                        "(use render_stage=False for its pixel pools)")
     from sim_adapters.render import pixel_env_kwargs
@@ -110,9 +117,9 @@ def make_adapter(name: str, num_envs: int, *, batch_size: int | None = None, num
   if name.startswith("MetaWorld/"):
     # The MT1 convention: the goal is part of the observation.
     kwargs["partially_observable"] = False
-  if name in MULTI_TASK_NAMES:
+  if is_multitask(name):
     from sim_adapters.multitask import MultiTaskAdapter
-    adapter = MultiTaskAdapter(num_envs, **kwargs)
+    adapter = MultiTaskAdapter(num_envs, name=name, **kwargs)
   else:
     from sim_adapters.envpool_adapter import EnvPoolAdapter
     adapter = EnvPoolAdapter(name, num_envs, **kwargs)
@@ -158,4 +165,5 @@ def is_device_env(name: str) -> bool:
 
 
 __all__ = ["EnvSpec", "ObsSpec", "SimAdapter", "StepBatch", "UnknownEnvError",
-           "check_env_name", "is_device_env", "known_env_names", "make_adapter", "make_env_groups"]
+           "check_env_name", "is_device_env", "is_multitask", "known_env_names", "make_adapter", "make_env_groups",
+           "multitask_tasks"]

@@ -1,10 +1,12 @@
-"""MetaWorld MT10: ten tasks spread over the envs, one EnvPool per task.
+"""MetaWorld multi-task envs (MT10, MT50, a user's list): tasks spread over the envs, one EnvPool per task.
 
-Each env carries its task id (a one-hot `task` observation, as the MT10
-baselines feed it to the policy) and its task's instruction text
+Which tasks an env name stands for is sim_adapters/tasks.py's to say. Each env
+carries its task id (a one-hot `task` observation as wide as the task list, as
+the MT10 baselines feed it to the policy) and its task's instruction text
 (`adapter.instructions[env_id]`), which language-conditioned policies use.
 Env ids are global: task k owns ids [offsets[k], offsets[k + 1]); with
-num_envs not a multiple of ten the first tasks get one env more.
+num_envs not a multiple of the task count the first tasks get one env more
+(`env_task_ids`). Task k's pool is seeded `seed + 1000 * k`.
 
 Two ways of receiving, one per use:
 * sync (`batch_size` unset): `step` sends every env and `recv` visits the pools
@@ -12,8 +14,8 @@ Two ways of receiving, one per use:
 * async (`batch_size < num_envs`): a receiver thread per pool waits on that
   pool's `recv` (EnvPool releases the GIL there) and queues what it gets, so
   `recv` returns whatever any pool has ready. Visiting pools in turn would block
-  on one slow task while nine others have envs waiting for actions, and MT10's
-  tasks differ several-fold in step and reset cost.
+  on one slow task while the others have envs waiting for actions, and
+  MetaWorld's tasks differ several-fold in step and reset cost.
 """
 
 from __future__ import annotations
@@ -26,59 +28,60 @@ import numpy as np
 
 from sim_adapters.base import EnvSpec, ObsSpec, StepBatch, concat_sorted, gather_all
 from sim_adapters.envpool_adapter import EnvPoolAdapter
+from sim_adapters.tasks import MT10, METAWORLD_INSTRUCTIONS, PREFIX, multitask_tasks
 
 # The MT10 task list and one instruction per task (MetaWorld's task descriptions).
-MT10_TASKS: dict[str, str] = {
-    "Reach-v3": "reach the goal position",
-    "Push-v3": "push the puck to the goal",
-    "PickPlace-v3": "pick up the puck and place it at the goal",
-    "DoorOpen-v3": "open the door",
-    "DrawerOpen-v3": "open the drawer",
-    "DrawerClose-v3": "close the drawer",
-    "ButtonPressTopdown-v3": "press the button from the top",
-    "PegInsertSide-v3": "insert the peg into the hole from the side",
-    "WindowOpen-v3": "slide the window open",
-    "WindowClose-v3": "slide the window closed",
-}
+MT10_TASKS: dict[str, str] = {t: METAWORLD_INSTRUCTIONS[t] for t in MT10}
 
 
 _ERROR_POLL_S = 0.1  # How often a waiting recv checks for a dead receiver.
 _CLOSE_S = 10.0  # Longest close() waits for all receivers together.
 
 
-def task_shares(num_envs: int, num_tasks: int) -> np.ndarray:
+def task_shares(num_envs: int, num_tasks: int, name: str = "this multi-task env") -> np.ndarray:
   """Envs per task: as even as possible, the first tasks one more."""
   if num_envs < num_tasks:
-    raise ValueError(f"MetaWorld/MT10 needs at least {num_tasks} envs (one per task), got {num_envs}")
+    raise ValueError(f"{name} needs at least {num_tasks} envs (one per task), got {num_envs}")
   return np.array([num_envs // num_tasks + (k < num_envs % num_tasks) for k in range(num_tasks)], np.int64)
 
 
-class MultiTaskAdapter:
-  """MetaWorld/MT10 behind the SimAdapter contract."""
+def env_task_ids(num_envs: int, num_tasks: int) -> np.ndarray:
+  """int32 [num_envs]: the task id of each env of one adapter (task k's envs follow task k-1's)."""
+  return np.repeat(np.arange(num_tasks, dtype=np.int32), task_shares(num_envs, num_tasks))
 
-  def __init__(self, num_envs: int, *, batch_size: int | None = None, seed: int = 0,
+
+class MultiTaskAdapter:
+  """A MetaWorld task list (`name`: MetaWorld/MT10, MetaWorld/MT50, MetaWorld/MT:<tasks>) behind the
+  SimAdapter contract."""
+
+  def __init__(self, num_envs: int, *, name: str = "MetaWorld/MT10", batch_size: int | None = None, seed: int = 0,
                num_threads: int = 0, thread_affinity_offset: int = -1, **kwargs):
-    num_tasks = len(MT10_TASKS)
+    tasks = multitask_tasks(name)
+    if tasks is None:
+      raise ValueError(f"'{name}' is not a multi-task MetaWorld env (MetaWorld/MT10, MetaWorld/MT50 or "
+                       "MetaWorld/MT:<task>,<task>,...)")
+    num_tasks = len(tasks)
+    self.tasks = tasks
     self.num_envs = num_envs
-    shares = task_shares(num_envs, num_tasks)
+    shares = task_shares(num_envs, num_tasks, name)
     self.offsets = np.concatenate([[0], np.cumsum(shares)]).astype(np.int32)
     self.is_async = batch_size is not None and batch_size < num_envs
-    # Few threads per pool: ten pools share the machine's cores.
+    # Few threads per pool: the task pools share the machine's cores.
     threads = num_threads if num_threads > 0 else 1
     self._subs = []
-    for k, task in enumerate(MT10_TASKS):
+    for k, task in enumerate(tasks):
       n = int(shares[k])
       # Async: each pool returns about half its envs at a time (never all, so it stays async).
       per_batch = max(1, min(n - 1, -(-n * batch_size // num_envs))) if self.is_async and n > 1 else None
-      self._subs.append(EnvPoolAdapter(f"MetaWorld/{task}", n, batch_size=per_batch, seed=seed + 1000 * k,
+      self._subs.append(EnvPoolAdapter(PREFIX + task, n, batch_size=per_batch, seed=seed + 1000 * k,
                                        num_threads=threads, thread_affinity_offset=thread_affinity_offset,
                                        **kwargs))
-    self.task_ids = np.repeat(np.arange(num_tasks, dtype=np.int32), shares)
-    self.instructions = [MT10_TASKS[t] for t, n in zip(MT10_TASKS, shares) for _ in range(n)]
+    self.task_ids = env_task_ids(num_envs, num_tasks)
+    self.instructions = [METAWORLD_INSTRUCTIONS[tasks[k]] for k in self.task_ids]
     self._onehot = np.eye(num_tasks, dtype=np.float32)
     base = self._subs[0].spec
     self.spec = EnvSpec(
-        name="MetaWorld/MT10",
+        name=name,
         obs={**base.obs, "task": ObsSpec((num_tasks,), np.dtype(np.float32))},
         action_dim=base.action_dim, action_low=base.action_low, action_high=base.action_high,
         max_episode_steps=base.max_episode_steps, has_success=True, num_tasks=num_tasks)
@@ -109,7 +112,7 @@ class MultiTaskAdapter:
         self._outstanding[k] = sub.num_envs
         self._pool_ready[k].notify()
     if self.is_async and not self._receivers:
-      self._receivers = [threading.Thread(target=self._receive, args=(k,), name=f"mt10-recv{k}", daemon=True)
+      self._receivers = [threading.Thread(target=self._receive, args=(k,), name=f"mt-recv{k}", daemon=True)
                          for k in range(len(self._subs))]
       for th in self._receivers:
         th.start()
@@ -141,7 +144,7 @@ class MultiTaskAdapter:
     except BaseException as e:  # pylint: disable=broad-except  # Raised by recv() in the caller's thread.
       with self._cond:
         if self._error is None:
-          self._error = RuntimeError(f"MetaWorld/MT10 receiver of task {list(MT10_TASKS)[k]} failed: "
+          self._error = RuntimeError(f"{self.spec.name} receiver of task {self.tasks[k]} failed: "
                                      f"{type(e).__name__}: {e}")
           self._error.__cause__ = e
 

@@ -1,7 +1,7 @@
 """The SimAdapter contract (sim_adapters/base.py) for every env family EBRL drives.
 
 Every adapter comes from `sim_adapters.make_adapter`, with 2-4 envs (10-20 for
-MT10). Async tests drive the raw EnvPool through `_PoolGuard`, which checks
+MT10, 50 for MT50: one per task). Async tests drive the raw EnvPool through `_PoolGuard`, which checks
 EnvPool's own rule (never send to or reset an env that is still in flight) and
 raises where a raw `recv` could only block forever, so a misuse fails the test
 instead of hanging or crashing the test process. The same guard injects NaN
@@ -26,6 +26,8 @@ FAMILIES = [
     ("MetaWorld/Reach-v3", 3, 4, 39, (), True),
     ("MetaWorld/Push-v3", 3, 4, 39, (), True),
     ("MetaWorld/MT10", 10, 4, 39, ("task",), True),
+    ("MetaWorld/MT50", 50, 4, 39, ("task",), True),
+    ("MetaWorld/MT:Reach-v3,Push-v3,DialTurn-v3", 4, 4, 39, ("task",), True),
     ("PandaPickCube-v1", 2, 8, 66, (), True),
     ("PandaOpenCabinet-v1", 2, 8, 55, (), True),
     ("LeapCubeReorient-v1", 2, 16, 57, ("privileged_state",), True),
@@ -249,6 +251,69 @@ def test_mt10_one_env_per_task(make):
   assert (np.abs(first.obs["state"][:, -3:]).sum(axis=1) > 0).all()
   # Ten different tasks: ten different initial observations.
   assert len(np.unique(first.obs["state"], axis=0)) == 10
+
+
+def test_mt10_keeps_its_tasks_order_instructions_and_seeds(make):
+  """MT10 as it always was: task k is MT10's k-th task, seeded seed + 1000 k, with its instruction."""
+  from sim_adapters.multitask import MT10_TASKS
+  assert list(MT10_TASKS) == ["Reach-v3", "Push-v3", "PickPlace-v3", "DoorOpen-v3", "DrawerOpen-v3",
+                              "DrawerClose-v3", "ButtonPressTopdown-v3", "PegInsertSide-v3", "WindowOpen-v3",
+                              "WindowClose-v3"]
+  assert MT10_TASKS["Reach-v3"] == "reach the goal position"
+  assert MT10_TASKS["ButtonPressTopdown-v3"] == "press the button from the top"
+  assert MT10_TASKS["WindowClose-v3"] == "slide the window closed"
+  adapter = make("MetaWorld/MT10", 10, seed=3)
+  assert adapter.tasks == tuple(MT10_TASKS)
+  assert adapter.instructions == list(MT10_TASKS.values())
+  adapter.reset()
+  mt10 = gather_all(adapter, 10).obs["state"]
+  for k in (0, 7):  # A task's pool is that task alone, seeded seed + 1000 k.
+    single = make(f"MetaWorld/{adapter.tasks[k]}", 1, seed=3 + 1000 * k)
+    single.reset()
+    np.testing.assert_array_equal(gather_all(single, 1).obs["state"][0], mt10[k])
+
+
+def test_mt50_is_every_metaworld_task_envpool_registers_each_with_an_instruction(make):
+  from sim_adapters import tasks
+  registered = tuple(n.split("/", 1)[1] for n in envpool.list_all_envs() if n.startswith("MetaWorld/"))
+  assert tasks.MT50 == registered and len(tasks.MT50) == 50
+  assert set(tasks.MT10) <= set(tasks.MT50)
+  texts = list(tasks.METAWORLD_INSTRUCTIONS.values())
+  assert len(set(texts)) == 50 and all(t == t.strip().lower() and len(t.split()) >= 2 for t in texts)
+  adapter = make("MetaWorld/MT50", 50)
+  assert adapter.spec.num_tasks == 50 and adapter.spec.obs["task"].shape == (50,)
+  assert adapter.tasks == tasks.MT50
+  assert adapter.instructions == [tasks.METAWORLD_INSTRUCTIONS[t] for t in tasks.MT50]
+  np.testing.assert_array_equal(adapter.task_ids, np.arange(50))
+
+
+def test_a_users_task_list_in_its_own_order(make):
+  adapter = make("MetaWorld/MT:DialTurn-v3, Reach-v3", 5)
+  assert adapter.tasks == ("DialTurn-v3", "Reach-v3")
+  assert adapter.spec.name == "MetaWorld/MT:DialTurn-v3, Reach-v3"
+  assert adapter.spec.num_tasks == 2 and adapter.spec.obs["task"].shape == (2,)
+  np.testing.assert_array_equal(adapter.task_ids, [0, 0, 0, 1, 1])
+  assert adapter.instructions == ["turn the dial"] * 3 + ["reach the goal position"] * 2
+  adapter.reset()
+  first = gather_all(adapter, 5)
+  np.testing.assert_array_equal(first.obs["task"], np.eye(2, dtype=np.float32)[[0, 0, 0, 1, 1]])
+  reach = make("MetaWorld/Reach-v3", 2, seed=1000)  # Task 1's pool: seed + 1000.
+  reach.reset()
+  np.testing.assert_array_equal(gather_all(reach, 2).obs["state"], first.obs["state"][3:])
+
+
+@pytest.mark.parametrize("name,message", [
+    ("MetaWorld/MT:Reach-v3,Bogus-v3", "unknown MetaWorld task 'Bogus-v3'"),
+    ("MetaWorld/MT:", "names no task"),
+    ("MetaWorld/MT:Reach-v3,Reach-v3", "lists task 'Reach-v3' 2 times"),
+    ("MetaWorld/MT:Reach-v3,,Push-v3", "an empty name"),
+])
+def test_a_bad_task_list_is_an_unknown_env(name, message):
+  with pytest.raises(UnknownEnvError, match=message) as err:
+    check_env_name(name)
+  assert "\n" not in str(err.value)
+  if "times" not in message:
+    assert "valid tasks: Assembly-v3, " in str(err.value) and "WindowClose-v3" in str(err.value)
 
 
 def test_mt10_needs_one_env_per_task():
@@ -513,6 +578,8 @@ def test_unknown_env_suggests_close_names():
   assert "MetaWorld/Reach-v2" in str(err.value)
   check_env_name("MetaWorld/Reach-v3")
   check_env_name("MetaWorld/MT10")
+  check_env_name("MetaWorld/MT50")
+  check_env_name("MetaWorld/MT:Reach-v3,Push-v3")
   with pytest.raises(UnknownEnvError):
     make_adapter("MetaWorld/Reach-v2", 2)
 

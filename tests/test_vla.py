@@ -1,15 +1,20 @@
-"""VLA policy: tokenizers, the log-prob contract in both decode modes, masks, MT10-style inputs."""
+"""VLA policy: tokenizers, the log-prob contract in both decode modes, masks, multi-task inputs (MT10, MT50, lists)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from launch.configs.default import get_config
+from policies import instructions_for, make_policy
 from policies.tokenizer import ActionTokenizer, InstructionTokenizer
 from policies.vla import VLAPolicy
 from sim_adapters.base import EnvSpec, ObsSpec
+from sim_adapters.tasks import METAWORLD_INSTRUCTIONS, multitask_tasks
 
 A, K, BINS, S = 2, 3, 16, 7
 INSTRUCTIONS = ["reach the goal position", "push the puck to the goal", "open the door"]
@@ -189,3 +194,30 @@ def test_task_without_instructions_and_pixels():
   obs = make_obs(spec, 4)
   action, logp, _, _ = fns["sample"](params, obs, jax.random.PRNGKey(2))
   np.testing.assert_allclose(fns["evaluate"](params, obs, action)[0], logp, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name,num_tasks", [("MetaWorld/MT50", 50), ("MetaWorld/MT:DialTurn-v3,Reach-v3", 2)])
+def test_any_task_list_gets_its_instructions(name, num_tasks):
+  """MT50 or a user's list: one instruction per task id, every word in the vocabulary."""
+  spec = dataclasses.replace(make_spec(num_tasks=num_tasks), name=name)
+  texts = instructions_for(spec)
+  assert texts == [METAWORLD_INSTRUCTIONS[t] for t in multitask_tasks(name)] and len(texts) == num_tasks
+  cfg = get_config().policy
+  cfg.update(width=16, depth=1, heads=2, bins=BINS, chunk_size=K)
+  policy = make_policy("vla", spec, cfg)
+  table = policy._instruction_table  # pylint: disable=protected-access
+  assert table.shape[0] == num_tasks and (table != 1).all()  # No <unk> word.
+  assert len({tuple(r) for r in table}) == num_tasks
+  params = jax.jit(policy.init)(jax.random.PRNGKey(0))
+  obs = make_obs(spec, 4)
+  action, logp, _, _ = jax.jit(policy.sample)(params, obs, jax.random.PRNGKey(1))
+  np.testing.assert_allclose(jax.jit(policy.evaluate)(params, obs, action)[0], logp, rtol=1e-5, atol=1e-5)
+  flow = make_policy("flow", spec, cfg)
+  words = flow._task_words  # pylint: disable=protected-access
+  assert words.shape[0] == num_tasks and len({tuple(r) for r in words}) == num_tasks
+
+
+def test_a_single_metaworld_task_has_its_own_instruction():
+  assert instructions_for(dataclasses.replace(make_spec(), name="MetaWorld/Reach-v3")) == ["reach the goal position"]
+  assert instructions_for(dataclasses.replace(make_spec(), name="MetaWorld/Soccer-v3")) == ["kick the ball into the goal"]
+  assert instructions_for(dataclasses.replace(make_spec(), name="CartpoleBalance-v1")) is None

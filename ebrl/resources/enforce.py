@@ -3,7 +3,7 @@
 Linux affinity is per thread (`sched_setaffinity(tid)`), and a new thread
 inherits its creator's mask. So:
   - stage threads (env groups, sampler, learner) pin themselves when they start
-    (`pin_stage`), and threads they create later (MT10's receivers) inherit it;
+    (`pin_stage`), and threads they create later (a multi-task env's receivers) inherit it;
   - EnvPool creates its worker threads in its constructor, in the caller's
     thread: building the simulators inside `adopt("sim")` records the threads
     that appeared, which are then pinned to the sim quota (EnvPool's own

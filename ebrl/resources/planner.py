@@ -24,7 +24,7 @@ for all envs, as the sync scheduler does, but its simulation and generation
 take turns (nothing else is in flight while actions are generated), so its
 rollout is capped by the chain `1 / (sim time + gen time)` per step. The
 learner still trains beside it. It wins where async recvs cost more per step
-than generation latency costs the chain (MetaWorld/MT10's ten small pools).
+than generation latency costs the chain (a multi-task MetaWorld env's small task pools, e.g. MT10's ten).
 
 The *work-conserving bound* is what any schedule could reach with these stage
 costs on these cores: every core busy all the time at the cheapest batching
@@ -44,23 +44,26 @@ from typing import Iterable
 from ebrl.layout import RunLayout, envs_per_group
 from ebrl.resources.plan import STAGES, Plan
 from ebrl.resources.profiler import Profile, learner_priority
+from sim_adapters.tasks import multitask_tasks
 
 
 @dataclasses.dataclass(frozen=True)
 class RunShape:
   """What the run fixes (the planner may not change it): envs and the learner's batch."""
   num_envs: int
-  multitask: bool  # MetaWorld/MT10: ten pools that already return independently.
+  multitask: bool  # A multi-task MetaWorld env: one pool per task, each returning independently.
   rollout_length: int
   segments_per_update: int
   num_minibatches: int
   max_wait_ms: float = 1.0
   render_stage: bool = False  # env.render_stage: frames drawn by a stage of their own.
   learner_priority: str = "normal"  # A learner process's CPU priority ("idle": only the rollout's gaps).
+  num_tasks: int = 1  # Task pools per env group (multitask).
 
   @classmethod
   def from_config(cls, cfg) -> "RunShape":
-    return cls(num_envs=cfg.num_envs, multitask=cfg.env.name == "MetaWorld/MT10",
+    tasks = multitask_tasks(cfg.env.name)
+    return cls(num_envs=cfg.num_envs, multitask=tasks is not None, num_tasks=len(tasks) if tasks else 1,
                rollout_length=cfg.rollout_length, segments_per_update=RunLayout.from_config(cfg).segments_per_update,
                num_minibatches=cfg.algorithm.num_minibatches, max_wait_ms=cfg.ebrl.max_wait_ms,
                render_stage=bool(cfg.env.render_stage), learner_priority=learner_priority(cfg))
@@ -179,8 +182,8 @@ def _layouts(cores: tuple[int, ...], render: bool = False) -> Iterable[tuple[str
 
 def _group_choices(shape: RunShape) -> list[int]:
   if shape.multitask:
-    # MT10's pools return independently already; a second group halves every pool's batch.
-    return [g for g in (1, 2) if shape.num_envs >= 10 * g and shape.num_envs % g == 0][:1]
+    # The task pools return independently already; a second group halves every pool's batch.
+    return [g for g in (1, 2) if shape.num_envs >= shape.num_tasks * g and shape.num_envs % g == 0][:1]
   return [g for g in (1, 2, 4) if shape.num_envs % g == 0 and envs_per_group(shape.num_envs, g) >= 2]
 
 
@@ -214,7 +217,7 @@ def _recv_choices(per_group: int, groups: int, need: int) -> list[int]:
 def _sim_threads(layout: dict[str, tuple[int, ...]], groups: int, shape: RunShape) -> tuple[int, int]:
   """(worker threads per EnvPool pool, number of pools) that fill the sim quota."""
   if shape.multitask:
-    return 1, 10 * groups  # Ten pools per group already cover a small machine's cores.
+    return 1, shape.num_tasks * groups  # A pool per task (MT10: ten) already covers a small machine's cores.
   return max(1, len(layout["sim"]) // groups), groups
 
 

@@ -27,6 +27,7 @@ import numpy as np
 
 from ebrl.layout import RunLayout
 from ebrl.resources.inventory import Inventory
+from sim_adapters.tasks import multitask_tasks
 
 _WARMUP_S = 0.2
 
@@ -527,9 +528,9 @@ def measure(cfg, inventory: Inventory, *, policy=None, spec=None, full: bool = F
   t0 = time.perf_counter()
   usable = inventory.cpu_cores
   n = cfg.num_envs
-  multitask = cfg.env.name == "MetaWorld/MT10"
-  # MT10 runs one worker per task pool (its ten pools already outnumber small machines' cores).
-  threads = (lambda k: 1) if multitask else (lambda k: k)
+  tasks = multitask_tasks(cfg.env.name)
+  # A multi-task env runs one worker per task pool (MT10's ten pools already outnumber small machines' cores).
+  threads = (lambda k: 1) if tasks is not None else (lambda k: k)
   counts = sorted({1, len(usable)})
   sim = []
   log(f"[profile] sim: {cfg.env.name}, {n} envs, on {counts} cores")
@@ -546,7 +547,7 @@ def measure(cfg, inventory: Inventory, *, policy=None, spec=None, full: bool = F
     render = measure_render(cfg, usable, batches, seconds)
   if spec is None:
     from sim_adapters import make_adapter
-    probe = make_adapter(cfg.env.name, min(n, 10 if cfg.env.name == "MetaWorld/MT10" else 1),
+    probe = make_adapter(cfg.env.name, min(n, len(tasks)) if tasks is not None else 1,
                          from_pixels=cfg.env.from_pixels, render_size=cfg.env.render_size,
                          render_stage=cfg.env.render_stage, chunk_size=cfg.policy.chunk_size)
     spec = probe.spec

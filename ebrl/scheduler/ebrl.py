@@ -208,7 +208,7 @@ class EbrlScheduler:
     """A group thread's start: pinned to the sim quota, its simulators reset."""
     self._pin("sim")
     if self.resources is not None:
-      with self.resources.adopt("sim"):  # Threads the adapter starts on reset (MT10's receivers).
+      with self.resources.adopt("sim"):  # Threads the adapter starts on reset (a multi-task env's receivers).
         self.groups[g].reset()
     else:
       self.groups[g].reset()

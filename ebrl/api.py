@@ -92,15 +92,20 @@ def make_config(config: ml_collections.ConfigDict | Mapping | None = None,
 
 def default_workdir(cfg) -> str:
   stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-  return os.path.join("runs", f"{cfg.env.name.replace('/', '_')}-{cfg.scheduler}-{stamp}")
+  env = cfg.env.name.replace("/", "_").replace(",", "+").replace(" ", "")  # A task list: MT:Reach-v3+Push-v3.
+  return os.path.join("runs", f"{env}-{cfg.scheduler}-{stamp}")
 
 
 def _paths(workdir: str) -> dict[str, str]:
+  """Where a run's outputs are; a multi-task run's per-task bar chart too (`success_by_task`)."""
   join = lambda *p: os.path.join(workdir, *p)
-  return {"workdir": workdir, "config": join("config.json"), "summary": join("summary.json"),
-          "metrics": join("metrics.jsonl"), "checkpoints": join("checkpoints"), "tensorboard": join("tb"),
-          "trace": join("trace.json"), "learning_curve": join("plots", "learning_curve.png"),
-          "timeline": join("plots", "timeline.png")}
+  paths = {"workdir": workdir, "config": join("config.json"), "summary": join("summary.json"),
+           "metrics": join("metrics.jsonl"), "checkpoints": join("checkpoints"), "tensorboard": join("tb"),
+           "trace": join("trace.json"), "learning_curve": join("plots", "learning_curve.png"),
+           "timeline": join("plots", "timeline.png")}
+  if os.path.exists(join("plots", "success_by_task.png")):
+    paths["success_by_task"] = join("plots", "success_by_task.png")
+  return paths
 
 
 def train(config: ml_collections.ConfigDict | Mapping | None = None, workdir: str | None = None, *,

@@ -3,6 +3,9 @@
 Each of n envs runs exactly one episode and its first episode is the one
 counted, so tasks with early terminations are not biased towards short
 episodes. Actions are sampled as in training and clipped to the env bounds.
+On a multi-task env (MT10, MT50, a task list) the envs are spread over the
+tasks as in training, and `success_rate_by_task` gives each task's success
+over its own envs' episodes.
 
 A policy acts only in envs built the way its run built them: pixels, the
 render stage and action chunks change the observations and actions it was
@@ -41,10 +44,16 @@ class FirstEpisodes:
   def complete(self) -> bool:
     return bool(self.seen.all())
 
-  def summary(self, has_success: bool) -> dict:
+  def summary(self, has_success: bool, tasks: tuple[str, ...] = (), env_tasks: np.ndarray | None = None) -> dict:
+    """Means over the envs' episodes; with `tasks` (each env's task id in `env_tasks`) also each
+    task's success rate over its own envs."""
     sr = float(np.mean(self.success > 0)) if has_success else None
-    return {"episodes": int(self.seen.sum()), "episode_return": float(np.mean(self.ret)),
-            "episode_length": float(np.mean(self.length)), "success_rate": sr}
+    out = {"episodes": int(self.seen.sum()), "episode_return": float(np.mean(self.ret)),
+           "episode_length": float(np.mean(self.length)), "success_rate": sr}
+    if tasks:
+      out["success_rate_by_task"] = {
+          t: float(np.mean(self.success[env_tasks == k] > 0)) if has_success else None for k, t in enumerate(tasks)}
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,9 +129,12 @@ class HostRunner:
   """
 
   def __init__(self, name: str, n: int, seed: int, run_env: RunEnv = RunEnv()):
-    from sim_adapters import make_adapter
+    from sim_adapters import make_adapter, multitask_tasks
+    from sim_adapters.multitask import env_task_ids
     self.adapter = make_adapter(name, n, seed=seed, **run_env.adapter_kwargs())
     self.spec, self.n, self.seed = self.adapter.spec, n, seed
+    self.tasks = multitask_tasks(name) or ()
+    self.env_tasks = env_task_ids(n, len(self.tasks)) if self.tasks else None
 
   def run(self, policy, params) -> dict:
     from ebrl.acting import host_step
@@ -149,7 +161,7 @@ class HostRunner:
         obs = b.obs
     finally:
       self.adapter.close()
-    return first.summary(self.spec.has_success)
+    return first.summary(self.spec.has_success, self.tasks, self.env_tasks)
 
 
 class DeviceRunner:
@@ -244,8 +256,9 @@ def evaluate_run(checkpoint: str, env: str | None = None, episodes: int = 32, se
                  out: str | None = None) -> dict:
   """Evaluates the newest checkpoint of the run in `checkpoint` (its workdir) on `env` (default: the
   env it trained on; the same task on the other backend works too) and returns env, trained_on,
-  episodes, episode_return, episode_length, success_rate (None without a success signal) and
-  checkpoint_env_steps; also written to `out` as one JSON line when given."""
+  episodes, episode_return, episode_length, success_rate (None without a success signal),
+  success_rate_by_task (multi-task envs only) and checkpoint_env_steps; also written to `out` as
+  one JSON line when given."""
   import json  # pylint: disable=g-import-not-at-top
   import os
 

@@ -46,8 +46,9 @@ from ebrl.telemetry.writers import MetricsWriter, read_jsonl, write_json
 from ebrl.transport import shm
 from policies import IncompatibleObservationError, make_policy
 from policies.base import action_size
-from sim_adapters import is_device_env, make_env_groups
+from sim_adapters import is_device_env, make_env_groups, multitask_tasks
 from sim_adapters.envpool_adapter import UnsupportedEnvError
+from sim_adapters.multitask import env_task_ids
 
 
 def _finite_or_none(x: float):
@@ -84,6 +85,11 @@ def _latest_meta(directory: str) -> dict | None:
     return probe.latest_meta()
   finally:
     probe.close()
+
+
+def _best_by_task(best: dict[str, float | None], now: dict[str, float | None]) -> dict[str, float | None]:
+  """Each task's best window so far, after this update's."""
+  return {t: v if best.get(t) is None else (best[t] if v is None else max(best[t], v)) for t, v in now.items()}
 
 
 def _skipped(state) -> int | None:
@@ -176,7 +182,7 @@ class Trainer:
     gen_mesh = None if self.device_sim is not None else make_mesh(self._local_devices(self.placement.gen))
     self.params = self._param_store(gen_mesh)
     self.sampler = Sampler(self.policy, self.spec, self.params, seed=cfg.seed + 1, mesh=gen_mesh)
-    self.tracker = EpisodeTracker(cfg.num_envs, self.spec.has_success, target=cfg.target_success)
+    self.tracker = self._episode_tracker(cfg)
     self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"), keep=cfg.keep_checkpoints,
                                      warn=lambda m: tqdm.tqdm.write(m))
     self._hold("checkpointer", self.checkpointer.close)
@@ -186,6 +192,8 @@ class Trainer:
     self.time_to_success_s = None
     self.env_steps_to_success = None  # Env steps when time_to_success_s was reached (sample efficiency).
     self.best_success_rate = float("nan")
+    # A multi-task env's best window per task (None until a task finishes an episode).
+    self.best_success_by_task = {t: None for t in self.tracker.tasks}
     # Samples the learner masked as too stale, and segments the deadlock breaker started beyond
     # capacity (the only source of such samples), over every launch of the run.
     self.stale_dropped = 0
@@ -219,6 +227,16 @@ class Trainer:
       self._hold("learner process", self.learner.close)
     # Last: a run that failed to build leaves no config.json, so the same workdir takes a retry.
     workdir_lib.write_config(self.workdir, cfg)
+
+  def _episode_tracker(self, cfg) -> EpisodeTracker:
+    """The run's episode statistics; with a multi-task env, per task too. Every env group holds the
+    same task list over `envs_per_group` envs, laid out as one adapter lays out its envs."""
+    tasks = () if self.device_sim is not None else multitask_tasks(cfg.env.name) or ()
+    env_tasks = None
+    if tasks:
+      env_tasks = np.tile(env_task_ids(self.layout.envs_per_group, len(tasks)), self.layout.num_groups)
+    return EpisodeTracker(cfg.num_envs, self.spec.has_success, target=cfg.target_success, tasks=tasks,
+                          env_tasks=env_tasks)
 
   def _overlap_switch(self, cfg, device_env: bool, say: Callable[[str], None]) -> OverlapSwitch | None:
     """Overlap or a barrier, measured on the run (ebrl/resources/overlap.py): the resource manager's
@@ -427,6 +445,8 @@ class Trainer:
     self.env_steps_to_success = meta.get("env_steps_to_success")
     best = meta.get("best_success_rate")
     self.best_success_rate = float("nan") if best is None else float(best)
+    best_by_task = meta.get("best_success_rate_by_task") or {}
+    self.best_success_by_task = {t: best_by_task.get(t) for t in self.best_success_by_task}
     self.stale_dropped = int(meta.get("stale_dropped", 0))
     self.force_started = int(meta.get("force_started", 0))
     self.tracker.load_state_dict(meta.get("episodes", {}))
@@ -453,6 +473,7 @@ class Trainer:
     meta = {"env_steps": env_steps, "wall_s": self.wall_s(), "time_to_success_s": self.time_to_success_s,
             "env_steps_to_success": self.env_steps_to_success,
             "best_success_rate": _finite_or_none(self.best_success_rate),
+            **({"best_success_rate_by_task": dict(self.best_success_by_task)} if self.tracker.tasks else {}),
             "stale_dropped": self.stale_dropped, "force_started": self.force_started, "env_seed": self.env_seed,
             "episodes": self.tracker.state_dict(), "sampler_calls": self.sampler.calls}
     with interrupts.uninterruptible():
@@ -511,6 +532,8 @@ class Trainer:
       if (self.time_to_success_s is None and self.tracker.window_full and sr >= self.cfg.target_success):
         self.time_to_success_s = self.wall_s()  # A window restored at the target (resume).
         self.env_steps_to_success = self.env_steps
+    if self.tracker.tasks:
+      self.best_success_by_task = _best_by_task(self.best_success_by_task, self.tracker.success_rate_by_task)
     self._last_metrics = metrics
     if self.overlap is not None:
       self.overlap.observe(self.env_steps, self.wall_s(), self.tracer)
@@ -546,6 +569,7 @@ class Trainer:
         "wall_s": self.wall_s(),
         "env_steps_per_s": self.interval_rate(),
         "success_rate": self.tracker.success_rate,
+        **({"success_rate_by_task": self.tracker.success_rate_by_task} if self.tracker.tasks else {}),
         "episode_return": self.tracker.episode_return,
         "episode_length": self.tracker.episode_length,
         "episodes": self.tracker.episodes,
@@ -587,6 +611,8 @@ class Trainer:
     self.bar.close()
     if self._last_metrics:
       self.log(self._last_metrics)
+    if self.tracker.tasks:  # Episodes that finished after the last update count too.
+      self.best_success_by_task = _best_by_task(self.best_success_by_task, self.tracker.success_rate_by_task)
     self.checkpoint()
     self._release(raise_errors=True)  # The checkpointer waits for its writes here.
     elapsed = time.time() - self.start_time
@@ -600,6 +626,8 @@ class Trainer:
         "env_steps_per_s": (self.env_steps - self.start_env_steps) / max(elapsed, 1e-9),
         "final_success_rate": _finite_or_none(self.tracker.success_rate),
         "best_success_rate": _finite_or_none(self.best_success_rate),
+        **({"success_rate_by_task": self.tracker.success_rate_by_task,
+            "best_success_rate_by_task": dict(self.best_success_by_task)} if self.tracker.tasks else {}),
         "time_to_success_s": self.time_to_success_s,
         "env_steps_to_success": self.env_steps_to_success,
         "target_success": self.cfg.target_success,
@@ -618,6 +646,9 @@ class Trainer:
     title = f"{self.cfg.env.name} · {self.cfg.policy.name} · {self.cfg.scheduler}"
     rows = read_jsonl(os.path.join(self.workdir, "metrics.jsonl"))
     plots.learning_curve(rows, os.path.join(self.workdir, "plots", "learning_curve.png"), title)
+    if self.tracker.tasks:
+      plots.success_by_task(summary["success_rate_by_task"], summary["best_success_rate_by_task"],
+                            os.path.join(self.workdir, "plots", "success_by_task.png"), title)
     if self.resources is not None and self.resources.controller is not None:
       self._controller_plot(rows, title)
     self.tracer.write_chrome(os.path.join(self.workdir, "trace.json"))

@@ -11,7 +11,9 @@ actions correspond; see README, "Device simulators"). Every one of
 `--episodes` envs runs exactly one episode with the policy sampling as in
 training, so short episodes are not over-counted. Prints one JSON line:
 env, episodes, episode_return, episode_length, success_rate (null when the
-task has no success signal), checkpoint_env_steps. A thin absl wrapper over
+task has no success signal), on a multi-task env (MetaWorld/MT10, MT50,
+MT:<tasks>) success_rate_by_task (each task's success over its own envs;
+--episodes must give every task one), checkpoint_env_steps. A thin absl wrapper over
 `ebrl.evaluate` (ebrl/evaluation.py, evaluate_run).
 """
 

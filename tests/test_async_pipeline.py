@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import threading
 import time
 import types
@@ -24,6 +25,7 @@ from ebrl.trajectories.rollout_buffer import RolloutBuffer
 from ebrl.sampler import Actions
 from ebrl.scheduler import make_scheduler
 from ebrl.trainer import Trainer
+from ebrl.telemetry.writers import read_jsonl
 from ebrl.algorithms.staleness import fresh_mask
 from ebrl.trajectories.queue import TrajectoryQueue
 from launch.configs import default
@@ -384,7 +386,10 @@ def test_fully_batched_layout_steps_every_env_together_within_the_bound(tmp_path
   next reply. Every recv returns each env in flight once, the run reaches its budget, and no
   regular sample is older than eta."""
   cfg = _tiny_ebrl_config(10**9)
-  cfg.env.name, cfg.num_envs, cfg.rollout_length = env_name, 20 if env_name == "MetaWorld/MT10" else 8, 4
+  multitask = env_name == "MetaWorld/MT10"
+  cfg.env.name, cfg.num_envs, cfg.rollout_length = env_name, 20 if multitask else 8, 4
+  if multitask:  # Episodes of 5 steps: every task finishes a few, for its success rate.
+    cfg.env.max_episode_steps = 5
   cfg.ebrl.num_groups, cfg.ebrl.recv_batch, cfg.ebrl.max_staleness = 1, cfg.num_envs, eta
   cfg.ebrl.segments_per_update = cfg.num_envs // 2
   cfg.total_env_steps = 8 * cfg.ebrl.segments_per_update * cfg.rollout_length
@@ -414,3 +419,25 @@ def test_fully_batched_layout_steps_every_env_together_within_the_bound(tmp_path
   assert all(len(np.unique(r)) == len(r) for r in received)
   _check_staleness(taken, seen, eta)
   assert scheduler.queue.forced == 0
+  if multitask:
+    _check_success_by_task(trainer, summary)
+
+
+def _check_success_by_task(trainer, summary: dict) -> None:
+  """A multi-task run's success per task: every task's, in metrics.jsonl, summary.json and a bar chart."""
+  tasks = list(trainer.host_envs[0].tasks)
+  np.testing.assert_array_equal(trainer.tracker._env_task, trainer.host_envs[0].task_ids)  # pylint: disable=protected-access
+  rows = read_jsonl(os.path.join(trainer.workdir, "metrics.jsonl"))
+  assert rows and all(list(r["success_rate_by_task"]) == tasks for r in rows)
+  with open(os.path.join(trainer.workdir, "summary.json")) as f:
+    written = json.load(f)
+  final, best = written["success_rate_by_task"], written["best_success_rate_by_task"]
+  assert final == summary["success_rate_by_task"] == rows[-1]["success_rate_by_task"]
+  assert list(final) == list(best) == tasks
+  for t in tasks:  # A task's window, once it has an episode, never empties.
+    assert (final[t] is None) == (best[t] is None)
+    assert final[t] is None or 0.0 <= final[t] <= best[t] <= 1.0
+  # Every finished episode went to its env's task (no window has filled yet).
+  by_task = trainer.tracker.state_dict()["recent_by_task"]
+  assert sum(len(w) for w in by_task.values()) == trainer.tracker.episodes == written["episodes"] > 0
+  assert os.path.getsize(os.path.join(trainer.workdir, "plots", "success_by_task.png")) > 1000

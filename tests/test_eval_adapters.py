@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import ml_collections
+import numpy as np
 import pytest
 
 from ebrl import evaluation
@@ -44,13 +45,34 @@ def _eval(workdir, *args) -> dict:
   return printed
 
 
-def test_eval_of_a_chunked_flow_run(tmp_path):
-  _train(tmp_path, "--config.policy.name=flow", "--config.policy.chunk_size=2", "--config.env.reward_type=action")
+def test_eval_of_a_chunked_flow_run_on_a_task_list(tmp_path):
+  """Also a user's task list: the flow policy reads its instructions, eval reports each task."""
+  env = "MetaWorld/MT:Reach-v3,Push-v3"
+  _train(tmp_path, f"--config.env.name={env}", "--config.policy.name=flow", "--config.policy.chunk_size=2",
+         "--config.env.reward_type=action")
   result = _eval(tmp_path)
-  assert result["env"] == result["trained_on"] == "MetaWorld/Reach-v3"
+  assert result["env"] == result["trained_on"] == env
   assert result["episodes"] == 3 and result["checkpoint_env_steps"] == 64
   # A step is a chunk of two actions: a 10-action episode is 5 decisions.
   assert result["episode_length"] == EPISODE_STEPS / 2
+  by_task = result["success_rate_by_task"]
+  assert list(by_task) == ["Reach-v3", "Push-v3"]
+  assert result["success_rate"] == pytest.approx((2 * by_task["Reach-v3"] + by_task["Push-v3"]) / 3)  # 2 + 1 envs.
+
+
+def test_eval_success_per_task_is_each_tasks_share_of_its_envs():
+  first = evaluation.FirstEpisodes(5)
+  done = np.ones(5, bool)
+  first.record(done, np.zeros(5), np.full(5, 7), np.array([1.0, 0.0, 0.0, 1.0, 1.0]))
+  result = first.summary(True, ("Reach-v3", "Push-v3", "DialTurn-v3"), np.array([0, 0, 1, 1, 2]))
+  assert result["success_rate"] == 0.6
+  assert result["success_rate_by_task"] == {"Reach-v3": 0.5, "Push-v3": 0.5, "DialTurn-v3": 1.0}
+  assert "success_rate_by_task" not in first.summary(True)
+
+
+def test_eval_needs_an_episode_per_task():
+  with pytest.raises(UserError, match="needs at least 10 envs"):
+    evaluation.make_runner("MetaWorld/MT10", 4, 0)
 
 
 @pytest.mark.egl

@@ -6,6 +6,12 @@ no success signal or no episode has finished. With a `target`, the tracker
 notes the moment a full window first reached it, episode by episode as they
 finish: a run's time to success is then when its episodes got there, not when
 the next update or metrics row happened to look.
+
+A multi-task env (`tasks`, with each env's task id in `env_tasks`) also keeps
+a window per task: `success_rate_by_task` is each task's fraction of its own
+last `window` episodes, by the same definition, and None for a task with no
+finished episode yet. The mixed window alone would hide a task that never
+succeeds behind the others, and the tasks finish episodes at different rates.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
+from typing import Sequence
 
 import numpy as np
 
@@ -21,7 +28,8 @@ from sim_adapters.base import StepBatch
 
 class EpisodeTracker:
 
-  def __init__(self, num_envs: int, has_success: bool, window: int = 100, target: float | None = None):
+  def __init__(self, num_envs: int, has_success: bool, window: int = 100, target: float | None = None,
+               tasks: Sequence[str] = (), env_tasks: np.ndarray | None = None):
     self.window = window
     self.has_success = has_success
     self.target = target
@@ -31,6 +39,12 @@ class EpisodeTracker:
     self._succ = np.zeros(num_envs, np.float32)
     self.recent: collections.deque = collections.deque(maxlen=window)  # (return, length, success)
     self.episodes = 0
+    self.tasks = tuple(tasks)
+    if self.tasks and (env_tasks is None or np.shape(env_tasks) != (num_envs,)):
+      raise ValueError(f"tasks need the task id of each of the {num_envs} envs")
+    self._env_task = np.asarray(env_tasks, np.int32) if self.tasks else None
+    # Per task: the successes (1.0 / 0.0) of its last `window` finished episodes.
+    self._by_task = [collections.deque(maxlen=window) for _ in self.tasks]
     self._lock = threading.Lock()  # The sampler observes while the learner thread logs.
 
   def observe(self, b: StepBatch) -> None:
@@ -45,7 +59,8 @@ class EpisodeTracker:
     done = b.done
     if done.any():
       fin = ids[done]
-      self._add_finished(self._ret[fin], self._len[fin], self._succ[fin])
+      self._add_finished(self._ret[fin], self._len[fin], self._succ[fin],
+                         None if self._env_task is None else self._env_task[fin])
       self._ret[fin] = 0.0
       self._len[fin] = 0
       self._succ[fin] = 0.0
@@ -55,9 +70,13 @@ class EpisodeTracker:
     with self._lock:
       self._add_finished(returns, lengths, successes)
 
-  def _add_finished(self, returns: np.ndarray, lengths: np.ndarray, successes: np.ndarray) -> None:
+  def _add_finished(self, returns: np.ndarray, lengths: np.ndarray, successes: np.ndarray,
+                    task_ids: np.ndarray | None = None) -> None:
     episodes = list(zip(np.asarray(returns).tolist(), np.asarray(lengths).tolist(), np.asarray(successes).tolist()))
     self.episodes += len(episodes)
+    if task_ids is not None:
+      for k, e in zip(np.asarray(task_ids).tolist(), episodes):
+        self._by_task[k].append(e[2])
     if self.first_hit is not None or self.target is None or not self.has_success:
       self.recent.extend(episodes)
       return
@@ -87,14 +106,30 @@ class EpisodeTracker:
     return self._mean(1)
 
   @property
+  def success_rate_by_task(self) -> dict[str, float | None] | None:
+    """{task: success over its last `window` episodes, None before its first}; None for a
+    single-task env."""
+    if not self.tasks:
+      return None
+    with self._lock:
+      return {t: float(np.mean(w)) if w and self.has_success else None for t, w in zip(self.tasks, self._by_task)}
+
+  @property
   def window_full(self) -> bool:
     return len(self.recent) == self.window
 
   def state_dict(self) -> dict:
     with self._lock:
-      return {"recent": [list(e) for e in self.recent], "episodes": self.episodes}
+      d = {"recent": [list(e) for e in self.recent], "episodes": self.episodes}
+      if self.tasks:
+        d["recent_by_task"] = {t: list(w) for t, w in zip(self.tasks, self._by_task)}
+      return d
 
   def load_state_dict(self, d: dict) -> None:
     self.recent.clear()
     self.recent.extend(tuple(e) for e in d.get("recent", []))
     self.episodes = int(d.get("episodes", 0))
+    by_task = d.get("recent_by_task", {})
+    for t, w in zip(self.tasks, self._by_task):
+      w.clear()
+      w.extend(float(s) for s in by_task.get(t, []))

@@ -32,6 +32,33 @@ def learning_curve(rows: list[dict], path: str, title: str) -> None:
   plt.close(fig)
 
 
+def success_by_task(final: dict[str, float | None], best: dict[str, float | None], path: str, title: str) -> None:
+  """One horizontal bar per task: its final success rate (over its last 100 episodes), the best
+  that window reached at an update marked beside it; a task with no finished episode says so."""
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  tasks = list(final)
+  fig, ax = plt.subplots(figsize=(8, 1.2 + 0.22 * max(1, len(tasks))))
+  rows = range(len(tasks))
+  ax.barh(rows, [final[t] or 0.0 for t in tasks], color="tab:blue", label="final")
+  marks = [(i, best[t]) for i, t in enumerate(tasks) if best.get(t) is not None]
+  if marks:
+    ax.scatter([b for _, b in marks], [i for i, _ in marks], marker="|", s=120, color="tab:orange", zorder=3,
+               label="best")
+  for i, t in enumerate(tasks):
+    ax.annotate("no episode yet" if final[t] is None else f"{final[t]:.2f}", (1.0, i),
+                xycoords=("axes fraction", "data"), xytext=(4, 0), textcoords="offset points", va="center", fontsize=7)
+  ax.set_yticks(list(rows), tasks, fontsize=8 if len(tasks) <= 20 else 6)
+  ax.set_ylim(len(tasks) - 0.5, -0.5)  # First task on top.
+  ax.set_xlim(0.0, 1.0)
+  ax.set_xlabel("success rate (each task's last 100 episodes)")
+  ax.grid(axis="x", alpha=0.3)
+  ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, fontsize=7, frameon=False)  # Above the bars.
+  ax.set_title(title, loc="left", fontsize=10)
+  fig.tight_layout(rect=(0, 0, 0.93, 1))
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
 # -- stage timelines -----------------------------------------------------------
 
 STAGE_COLORS = {"sim": "tab:blue", "gen": "tab:orange", "train": "tab:green"}

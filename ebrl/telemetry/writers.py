@@ -1,7 +1,10 @@
 """Metric sinks of a run: metrics.jsonl and TensorBoard event files.
 
 TensorBoard events are written with TensorBoard's own event writer and summary
-protos, so no TensorFlow is needed.
+protos, so no TensorFlow is needed. A row's dict value (e.g.
+`success_rate_by_task`) stays one JSON object in metrics.jsonl and becomes one
+TensorBoard tag per entry (`success_rate_by_task/Reach-v3`), so TensorBoard
+draws each task's curve.
 """
 
 from __future__ import annotations
@@ -18,7 +21,19 @@ from tensorboard.summary.writer.event_file_writer import EventFileWriter
 def _jsonable(v):
   if isinstance(v, float) and not math.isfinite(v):
     return None
+  if isinstance(v, dict):
+    return {k: _jsonable(x) for k, x in v.items()}
   return v
+
+
+def _scalars(row: dict) -> list[tuple[str, float]]:
+  """(tag, value) of every finite number in `row`, a dict's entries tagged `key/entry`."""
+  out = []
+  for k, v in row.items():
+    items = [(f"{k}/{e}", x) for e, x in v.items()] if isinstance(v, dict) else [(k, v)]
+    out += [(tag, float(x)) for tag, x in items
+            if isinstance(x, (int, float)) and math.isfinite(float(x))]
+  return out
 
 
 class MetricsWriter:
@@ -31,8 +46,7 @@ class MetricsWriter:
   def write(self, row: dict) -> None:
     self._jsonl.write(json.dumps({k: _jsonable(v) for k, v in row.items()}) + "\n")
     step = int(row["env_steps"])
-    values = [summary_pb2.Summary.Value(tag=k, simple_value=float(v))
-              for k, v in row.items() if isinstance(v, (int, float)) and math.isfinite(float(v))]
+    values = [summary_pb2.Summary.Value(tag=tag, simple_value=v) for tag, v in _scalars(row)]
     self._tb.add_event(event_pb2.Event(wall_time=time.time(), step=step, summary=summary_pb2.Summary(value=values)))
 
   def close(self) -> None:

@@ -80,8 +80,9 @@ def get_config() -> ml_collections.ConfigDict:
       # the value loss filled the 0.5 gradient-norm clip (norm 3-11) and the policy barely moved
       # (KL ~1e-3 per update); normalised, the norm stays 0.3-0.6 and tasks that stalled learn.
       reward_norm=True,
-      # When the observation statistics take an update's batch: "after" its epochs or "before"
-      # them (as VecNormalize: counted before normalised; ebrl/learner.py LearnerConfig says how).
+      # When the observation statistics take an update's batch: "after" its epochs, "before"
+      # them, or "every_step" as each env step returns it (VecNormalize's timing; scheduler=sync,
+      # host envs, mlp; ebrl/step_normalizer.py). ebrl/learner.py LearnerConfig says how.
       obs_norm_update="after",
       # The critic predicts returns standardised by running statistics of its targets, whose
       # history weighs as at most value_norm_count samples.

@@ -40,11 +40,12 @@ from ebrl.algorithms.grpo import group_relative_advantages
 from ebrl.algorithms.ppo import PPOConfig, masked_mean, ppo_loss
 from ebrl.algorithms.vtrace import vtrace
 from ebrl.algorithms.staleness import fresh_mask
+from ebrl.step_normalizer import identity_stats
 from ebrl.types import Rollout, SegmentBatch, TrainState
 from policies.base import Policy
 
 
-OBS_NORM_UPDATES = ("after", "before")  # When the observation statistics take a batch (LearnerConfig).
+OBS_NORM_UPDATES = ("after", "before", "every_step")  # When the observation statistics take a batch (LearnerConfig).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +74,10 @@ class LearnerConfig:
   # VecNormalize behaves (every observation is counted before it is normalised), so the first
   # update already trains on normalised inputs and the critic it fits is the one the next rollout
   # evaluates with.
+  # "every_step" (scheduler=sync, host envs, mlp): the acting loop merges every step's observations as
+  # they arrive (ebrl/step_normalizer.py), the rollout holds them normalised as acted on, and the
+  # update trains on exactly those with identity statistics; the state's statistics are the acting
+  # loop's, set by the scheduler before the update, and the update leaves them as they are.
   obs_norm_update: str = "after"
   # Value normalisation: the critic predicts returns standardised by running statistics of the
   # value targets (TrainState.value_norm), whose history weighs as at most value_norm_count
@@ -198,6 +203,9 @@ class Learner:
     if self.cfg.algorithm == "grpo":
       raise ValueError("grpo compares the envs of a group at the same time index, which segments from "
                        "independent envs do not have; use the on-policy `update` (scheduler=sync)")
+    if self.cfg.obs_norm_update == "every_step":
+      raise ValueError("obs_norm_update='every_step' needs the sync acting loop's step-by-step statistics; "
+                       "segments carry raw observations (use 'after' or 'before')")
     return self._update_segments(state, self.place(batch))
 
   def _segments_fn(self, state: TrainState, sb: SegmentBatch) -> tuple[TrainState, dict]:
@@ -236,9 +244,15 @@ class Learner:
   def _rollout_fn(self, state: TrainState, ro: Rollout) -> tuple[TrainState, dict]:
     """The on-policy update; with obs_norm_update="before" the normaliser takes the rollout first
     and the rollout's log-probs under the updated statistics are the proximal ones, weighed against
-    the acting ones (equal while the statistics stand still)."""
+    the acting ones (equal while the statistics stand still); with "every_step" the rollout's
+    observations are normalised already, by the statistics of their step."""
     if self.cfg.obs_norm_update == "after":
       return self._update_fn(state, ro)
+    if self.cfg.obs_norm_update == "every_step":
+      stats = state.params["obs_norm"]
+      as_acted = state.replace(params={**state.params, "obs_norm": identity_stats(stats.mean.shape[-1])})
+      new_state, metrics = self._update_fn(as_acted, ro)
+      return new_state.replace(params={**new_state.params, "obs_norm": stats}), metrics
     state, shift = self._normalise_first(state, ro.obs, ro.valid)
     prox_logp, _, _ = self.policy.evaluate(state.params, ro.obs, ro.actions)
     new_state, metrics = self._update_fn(state, ro.replace(logp=jax.lax.stop_gradient(prox_logp)),

@@ -21,6 +21,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from ebrl.param_store import ParamStore
+from ebrl.step_normalizer import identity_stats
 from policies.base import Policy, action_size, state_value
 from sim_adapters.base import EnvSpec
 
@@ -34,7 +35,10 @@ class Actions(NamedTuple):
 
 class Sampler:
 
-  def __init__(self, policy: Policy, spec: EnvSpec, params: ParamStore, seed: int = 0, mesh: Mesh | None = None):
+  def __init__(self, policy: Policy, spec: EnvSpec, params: ParamStore, seed: int = 0, mesh: Mesh | None = None,
+               prenormalized: bool = False):
+    """prenormalized: the observations come normalised already (ebrl/step_normalizer.py), so the
+    policy acts on them with identity statistics instead of the params' own."""
     self.policy = policy
     self.params = params
     self._batch_sharding = None if mesh is None else NamedSharding(mesh, P(mesh.axis_names[0]))
@@ -42,15 +46,18 @@ class Sampler:
     low, high = jnp.asarray(spec.action_low), jnp.asarray(spec.action_high)
 
     a = spec.action_dim
+    as_given = (lambda params: {**params, "obs_norm": identity_stats(params["obs_norm"].mean.shape[-1])}) \
+        if prenormalized else (lambda params: params)
 
     def act(params, obs, key, counter):
+      params = as_given(params)
       # The env gets the first action_dim entries (a flow policy's raw action also carries its chain).
       action, logp, value, _ = policy.sample(params, obs, jax.random.fold_in(key, counter))
       return action, jnp.clip(action[..., :a], low, high), logp, value
 
     self._act = jax.jit(act)
     width = action_size(policy, spec)
-    self._value = jax.jit(lambda params, obs: state_value(policy, params, obs, width))
+    self._value = jax.jit(lambda params, obs: state_value(policy, as_given(params), obs, width))
     self._key = jax.random.key(seed)
     self._counter = 0
     self._lock = threading.Lock()  # Guards the call counter (the key sequence).

@@ -181,7 +181,8 @@ class Trainer:
     # Host acting: generation on its own devices (a device env's policy acts inside the sim's scan).
     gen_mesh = None if self.device_sim is not None else make_mesh(self._local_devices(self.placement.gen))
     self.params = self._param_store(gen_mesh)
-    self.sampler = Sampler(self.policy, self.spec, self.params, seed=cfg.seed + 1, mesh=gen_mesh)
+    self.sampler = Sampler(self.policy, self.spec, self.params, seed=cfg.seed + 1, mesh=gen_mesh,
+                           prenormalized=cfg.algorithm.obs_norm_update == "every_step")
     self.tracker = self._episode_tracker(cfg)
     self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"), keep=cfg.keep_checkpoints,
                                      warn=lambda m: tqdm.tqdm.write(m))

@@ -76,6 +76,11 @@ def validate(cfg, num_devices: int | None) -> None:
   if cfg.algorithm.obs_norm_update not in OBS_NORM_UPDATES:
     raise UserError(f"unknown algorithm.obs_norm_update '{cfg.algorithm.obs_norm_update}'; valid: "
                     f"{', '.join(OBS_NORM_UPDATES)}")
+  if cfg.algorithm.obs_norm_update == "every_step" and (cfg.scheduler != "sync" or device or
+                                                        cfg.policy.name != "mlp"):
+    raise UserError(f"algorithm.obs_norm_update 'every_step' (statistics counted at every env step) needs "
+                    f"scheduler=sync, a host env and policy=mlp (got scheduler={cfg.scheduler}, env "
+                    f"'{cfg.env.name}', policy={cfg.policy.name}); valid elsewhere: after, before")
   if cfg.algorithm.correction not in CORRECTIONS:
     raise UserError(f"unknown algorithm.correction '{cfg.algorithm.correction}'; valid: {', '.join(CORRECTIONS)}")
   for name in ("vtrace_rho_clip", "vtrace_c_clip", "behaviour_weight_clip"):

@@ -8,9 +8,14 @@ one stage; the StageClock says which.
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
 from ebrl.acting import host_step
 from ebrl.trajectories.rollout_buffer import RolloutBuffer
 from ebrl.scheduler.context import RunContext, update_and_publish
+from ebrl.step_normalizer import StepNormalizer
 from ebrl.types import TrainState
 from sim_adapters.base import gather_all
 
@@ -29,15 +34,29 @@ class SyncScheduler:
       adapter.reset()
       first = gather_all(adapter, n)
     ctx.tracker.observe(first)
-    obs = first.obs
+    # obs_norm_update="every_step": observations are counted and normalised as they arrive.
+    norm = None
+    if ctx.learner.cfg.obs_norm_update == "every_step":
+      norm = StepNormalizer(ctx.policy.input_keys, jax.tree.map(jnp.copy, state.params["obs_norm"]))
+
+    def arrived(batch, counted):
+      if norm is None:
+        return batch.obs
+      with clock.stage("gen"):  # Preparing the policy's inputs.
+        return norm(batch.obs, counted)
+
+    obs = arrived(first, np.ones(n, bool))
     while not log.should_stop(total_env_steps):
       for step in range(horizon):
         acts, version, result = host_step(ctx.sampler, adapter, obs, clock)
         buf.store(step, obs, acts, version, result)
         ctx.tracker.observe(result)
         log.add_env_steps(n)  # Per step: a success reached mid-rollout is dated there.
-        obs = result.obs
+        obs = arrived(result, ~result.done)  # An ended episode's final observation is not counted.
       with clock.stage("gen"):
         last_values = ctx.sampler.value(obs)
+      if norm is not None:  # The update keeps them: evaluation and checkpoints see the last step's.
+        # A copy: the update donates the state's buffers, the acting loop keeps its own.
+        state = state.replace(params={**state.params, "obs_norm": jax.tree.map(jnp.copy, norm.stats)})
       state = update_and_publish(ctx, state, buf.rollout(last_values))
     return state

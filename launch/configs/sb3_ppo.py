@@ -10,20 +10,22 @@ the log-prob of the unclipped sample, advantages normalised per minibatch, trunc
 bootstrapped from the value of their final observation, Adam with eps 1e-5, gradients clipped
 to a global norm of 0.5, no value clipping, no entropy bonus, observations standardised by
 running statistics and clipped to +-10, and (since the 50-task sweep in BENCHMARKS.md made them
-the default) these two, which this preset pins so that it keeps reproducing the peer whatever
-the default becomes:
+the default) the first two below, which this preset pins so that it keeps reproducing the peer
+whatever the default becomes, and the third, which only this preset sets:
 
 - rewards divided by a running std of the discounted return and clipped to +-10
   (VecNormalize's norm_reward; `algorithm.reward_norm`), not multiplied by a fixed scale;
 - the value loss weighted as SB3 weighs it: vf_coef * mean((V - R)^2), where EBRL's loss is
-  vf_coef * 0.5 * mean((V - R)^2), so vf_coef = 1.0 here.
+  vf_coef * 0.5 * mean((V - R)^2), so vf_coef = 1.0 here;
+- observations counted and normalised at every env step as they arrive, the final observation of
+  an ended episode normalised but not counted (VecNormalize's norm_obs timing;
+  `algorithm.obs_norm_update=every_step`, ebrl/step_normalizer.py): the policy acts and the update
+  trains on exactly those inputs. EBRL's default counts a rollout's observations once, after the
+  update's epochs (`after`); BENCHMARKS.md ("PPO from scratch on the 50 MetaWorld tasks") measures
+  the timings against each other.
 
-One difference stays: VecNormalize updates the observation statistics at every env step (from
-the reset observations on), EBRL once per update, after its epochs by default (the first rollout
-is seen unnormalised). `--config.algorithm.obs_norm_update=before` merges each batch before its
-epochs, which is VecNormalize's timing up to the step-by-step merge inside a rollout; the preset
-keeps the default so that its measured figures stand. BENCHMARKS.md ("What the per-update
-metrics show") measures what the timing does.
+What is left between the two runs is the random numbers (initialisation, action noise, minibatch
+order) and EnvPool's reset row, which EBRL masks out of the update (tests/test_autoreset_equivalence.py).
 """
 
 from ebrl import defaults
@@ -34,4 +36,5 @@ def get_config():
   c.algorithm.reward_norm = True
   c.algorithm.reward_scale = 1.0
   c.algorithm.vf_coef = 1.0
+  c.algorithm.obs_norm_update = "every_step"
   return c

@@ -40,9 +40,9 @@ SCRIPT_DIRS = ("tests", "notebooks", "third_party")  # No __init__.py: their mod
 PIP = {
     "absl": ["absl-py"], "brax": ["brax"], "chex": ["chex"], "envpool": ["envpool", "envpool-assets"],
     "etils": ["etils"], "flax": ["flax"], "hypothesis": ["hypothesis"], "jax": ["jax", "jaxlib"],
-    "matplotlib": ["matplotlib"], "ml_collections": ["ml_collections"], "mujoco": ["mujoco", "mujoco-mjx"],
-    "mujoco_playground": ["playground"], "nbclient": ["nbclient", "ipykernel"], "nbformat": ["nbformat"],
-    "numpy": ["numpy"], "optax": ["optax"], "orbax": ["orbax-checkpoint"], "pynvml": ["nvidia-ml-py"],
+    "matplotlib": ["matplotlib"], "metaworld": ["metaworld"], "ml_collections": ["ml_collections"],
+    "mujoco": ["mujoco", "mujoco-mjx"], "mujoco_playground": ["playground"], "nbclient": ["nbclient", "ipykernel"],
+    "nbformat": ["nbformat"], "numpy": ["numpy"], "optax": ["optax"], "orbax": ["orbax-checkpoint"], "pynvml": ["nvidia-ml-py"],
     "pytest": ["pytest"], "scipy": ["scipy"], "tensorboard": ["tensorboard"], "tqdm": ["tqdm"],
 }
 # Packages a module finds by name at run time (importlib, asset lookups) rather than importing.

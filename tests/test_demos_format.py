@@ -129,6 +129,7 @@ def _bad_manifest(directory, **changes):
     ("other_format", "is not an ebrl-demos manifest (format 'something-else')"),
     ("not_json", "is not readable JSON"),
     ("missing_shard", "lacks 1 shard(s) its manifest lists, first shards/00001.npz"),
+    ("incomplete", "is incomplete or malformed (KeyError: 'tasks')"),
 ])
 def test_a_directory_that_is_not_a_demo_set_is_one_line(tmp_path, case, expected):
   d = tmp_path / "demos"
@@ -142,6 +143,11 @@ def test_a_directory_that_is_not_a_demo_set_is_one_line(tmp_path, case, expected
     _bad_manifest(d, format="something-else")
   elif case == "not_json":
     (d / MANIFEST).write_text("{")
+  elif case == "incomplete":
+    _write(d)
+    manifest = json.loads((d / MANIFEST).read_text())
+    del manifest["tasks"]
+    (d / MANIFEST).write_text(json.dumps(manifest))
   elif case == "missing_shard":
     _write(d)
     os.remove(d / fmt.shard_name(1))

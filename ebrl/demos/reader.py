@@ -45,14 +45,18 @@ class DemoSet:
     self.path = path
     self.manifest = read_manifest(path)
     m = self.manifest
-    self.env: str = m["env"]
-    self.tasks: list[str] = list(m["tasks"])
-    self.instructions: list[str] = list(m["instructions"])
-    self.obs_spec: dict[str, tuple[tuple[int, ...], np.dtype]] = {
-        k: (tuple(v["shape"]), np.dtype(v["dtype"])) for k, v in m["observation"].items()}
-    self.action_dim: int = int(m["action"]["dim"])
-    self.num_episodes: int = int(m["episodes"])
-    self.num_steps: int = int(m["steps"])
+    try:
+      self.env: str = m["env"]
+      self.tasks: list[str] = list(m["tasks"])
+      self.instructions: list[str] = list(m["instructions"])
+      self.obs_spec: dict[str, tuple[tuple[int, ...], np.dtype]] = {
+          k: (tuple(v["shape"]), np.dtype(v["dtype"])) for k, v in m["observation"].items()}
+      self.action_dim: int = int(m["action"]["dim"])
+      self.num_episodes: int = int(m["episodes"])
+      self.num_steps: int = int(m["steps"])
+    except (KeyError, TypeError, ValueError) as e:
+      raise DemoFormatError(f"the manifest of demo directory '{path}' is incomplete or malformed "
+                            f"({type(e).__name__}: {' '.join(str(e).split())})") from None
 
   def __repr__(self) -> str:
     return (f"DemoSet('{self.path}': {self.env}, {len(self.tasks)} task(s), {self.num_episodes} episodes, "

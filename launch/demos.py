@@ -59,7 +59,8 @@ def main(argv: list[str]) -> None:
   m = result.manifest
   print(_table(m))
   attempted = sum(r["episodes"] for r in m["by_task"].values())
-  print(f"{attempted} episodes in {result.wall_s:.0f} s ({result.env_steps_per_s:.0f} env steps/s), "
+  print(f"{attempted} episodes, {result.env_steps} env steps in {result.loop_s:.0f} s of stepping "
+        f"({result.env_steps_per_s:.0f} env steps/s; {result.wall_s:.0f} s with building the envs), "
         f"{m['episodes']} kept ({m['steps']} steps) in {len(m['shards'])} shard(s) under {req.out}")
   weak = [t for t, r in m["by_task"].items() if r["expert_success"] < 0.9]
   if weak:

@@ -45,7 +45,7 @@ def test_every_module_and_entry_point_has_a_target():
         if name.endswith(".py"):
           assert f'srcs = ["{name}"]' in build, f"{dirpath}/{name} has no target"
   launch = files[os.path.join("launch", "BUILD")]
-  for entry in ("train", "eval", "bench", "profile", "bc", "demos", "learning_bench", "soak", "mps_bench"):
+  for entry in ("train", "eval", "bench", "profile", "bc", "demos", "sft", "learning_bench", "soak", "mps_bench"):
     assert f'py_binary(\n    name = "{entry}",' in launch, entry
   assert 'name = "fast"' in files[os.path.join("tests", "BUILD")]
 

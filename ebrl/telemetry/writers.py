@@ -43,9 +43,10 @@ class MetricsWriter:
     self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", buffering=1)
     self._tb = EventFileWriter(os.path.join(workdir, "tb"))
 
-  def write(self, row: dict) -> None:
+  def write(self, row: dict, step_key: str = "env_steps") -> None:
+    """`row[step_key]` is the TensorBoard step (a run's env steps; pre-training's gradient steps)."""
     self._jsonl.write(json.dumps({k: _jsonable(v) for k, v in row.items()}) + "\n")
-    step = int(row["env_steps"])
+    step = int(row[step_key])
     values = [summary_pb2.Summary.Value(tag=tag, simple_value=v) for tag, v in _scalars(row)]
     self._tb.add_event(event_pb2.Event(wall_time=time.time(), step=step, summary=summary_pb2.Summary(value=values)))
 

@@ -1,0 +1,123 @@
+"""The supervised pre-training loop: Adam on the policy family's loss, held-out evaluation in fresh
+episodes, TensorBoard curves, a progress bar, and params `--config.warm_start` loads.
+
+Why evaluate in episodes: a falling loss says the expert's actions are imitated on the demos'
+states, not that the policy succeeds from states it has not seen; the held-out envs are seeded
+apart from the recording, so their initial states are not the demos'.
+Why `log_std` stays frozen by default: on near-deterministic demos the Gaussian likelihood is
+maximised by a std shrinking towards 0, which would leave RL no exploration (and the loss
+unbounded below); the mean is what pre-training is for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Iterator, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import tqdm
+
+from ebrl.sft.losses import loss_for
+
+Params = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTConfig:
+  steps: int = 2000
+  batch_size: int = 256
+  learning_rate: float = 3e-4
+  max_grad_norm: float = 1.0
+  eval_every: int = 0  # Steps between held-out evaluations; 0: only at the end.
+  log_every: int = 50  # Steps between loss rows (metrics.jsonl, TensorBoard).
+  frozen: tuple[str, ...] = ("log_std",)  # Leaves of params["net"] whose path names one of these stay as they are.
+
+
+def _key_name(k) -> str:
+  return str(next((getattr(k, a) for a in ("key", "name", "idx") if hasattr(k, a)), k))
+
+
+def optimizer_for(net: Params, cfg: SFTConfig) -> optax.GradientTransformation:
+  """Adam with global-norm clipping; `cfg.frozen` leaves get zero updates."""
+  inner = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(cfg.learning_rate))
+  labels = jax.tree_util.tree_map_with_path(
+      lambda path, _: "frozen" if any(_key_name(k) in cfg.frozen for k in path) else "train", net)
+  return optax.multi_transform({"train": inner, "frozen": optax.set_to_zero()}, labels)
+
+
+def make_step(policy, optimizer: optax.GradientTransformation) -> Callable:
+  """The jitted step (net, opt_state, rest, obs, actions, mask, key) -> (net, opt_state, loss)."""
+  loss_fn = loss_for(policy)
+
+  def step(net, opt_state, rest, obs, actions, mask, key):
+    loss, grads = jax.value_and_grad(lambda n: loss_fn({**rest, "net": n}, obs, actions, mask, key))(net)
+    updates, opt_state = optimizer.update(grads, opt_state, net)
+    return optax.apply_updates(net, updates), opt_state, loss
+
+  return jax.jit(step, donate_argnums=(0, 1))
+
+
+def to_device(batch: dict, keys: Sequence[str]) -> tuple[dict, jax.Array, jax.Array]:
+  return ({k: jnp.asarray(batch["obs"][k]) for k in keys}, jnp.asarray(batch["actions"]),
+          jnp.asarray(batch["mask"]))
+
+
+def train(policy, params: Params, data: Iterator[dict], cfg: SFTConfig, key: jax.Array, *,
+          evaluate: Callable[[Params], dict] | None = None, write: Callable[[dict], None] | None = None,
+          progress: bool = True) -> tuple[Params, dict]:
+  """Trains params["net"] on `data` for cfg.steps steps; returns (params, history).
+
+  history: "loss" (every step's minibatch loss), "evals" ([{step, ...evaluate's result}]).
+  `write(row)` gets a row every cfg.log_every steps and after every evaluation.
+  """
+  optimizer = optimizer_for(params["net"], cfg)
+  step_fn = make_step(policy, optimizer)
+  net, rest = params["net"], {k: v for k, v in params.items() if k != "net"}
+  net = jax.tree.map(jnp.array, net)  # A copy: the step donates it, the caller keeps `params`.
+  opt_state = optimizer.init(net)
+  losses, evals, start = np.zeros(cfg.steps, np.float32), [], time.time()
+  keys = None
+  bar = tqdm.tqdm(total=cfg.steps, desc="sft", unit="step", disable=not progress, dynamic_ncols=True)
+
+  def run_eval(step: int) -> None:
+    result = evaluate({**rest, "net": net})
+    evals.append({"step": step, **result})
+    if write is not None:
+      write({"step": step, "wall_s": time.time() - start,
+             **{f"eval_{k}": v for k, v in result.items() if k != "episodes"}})
+    bar.set_postfix(loss=f"{losses[step - 1]:.4f}", held_out=_fmt(result.get("success_rate")))
+
+  pending = []  # This log interval's losses, still on the device: one sync per interval.
+  try:
+    for i in range(cfg.steps):
+      if i % 256 == 0:
+        key, sub = jax.random.split(key)
+        keys = jax.random.split(sub, 256)
+      batch = next(data)
+      obs, actions, mask = to_device(batch, tuple(batch["obs"]))
+      net, opt_state, loss = step_fn(net, opt_state, rest, obs, actions, mask, keys[i % 256])
+      pending.append(loss)
+      step = i + 1
+      if step % cfg.log_every == 0 or step == cfg.steps:
+        losses[step - len(pending):step] = np.asarray(jax.device_get(pending), np.float32)
+        row = {"step": step, "loss": float(np.mean(losses[step - len(pending):step])),
+               "learning_rate": cfg.learning_rate, "wall_s": time.time() - start}
+        pending = []
+        if write is not None:
+          write(row)
+        bar.set_postfix(loss=f"{row['loss']:.4f}",
+                        held_out=_fmt(evals[-1].get("success_rate")) if evals else "-")
+      bar.update(1)
+      if evaluate is not None and (step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0)):
+        run_eval(step)
+  finally:
+    bar.close()
+  return {**rest, "net": net}, {"loss": losses, "evals": evals}
+
+
+def _fmt(x) -> str:
+  return "-" if x is None else f"{x:.2f}"

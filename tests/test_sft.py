@@ -1,0 +1,361 @@
+"""Supervised pre-training: each family's loss against NumPy, loss falling on a tiny dataset, chunks
+from episodes, the params warm-starting RL bit for bit, and bad demos as one line before a compile."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ebrl.demos import FORMAT, FORMAT_VERSION, MANIFEST, open_demos
+from ebrl.demos import format as fmt
+from ebrl.sft import data as data_lib
+from ebrl.sft import losses
+from ebrl.sft.train import SFTConfig, train
+from sim_adapters.base import EnvSpec, ObsSpec
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STATE, TASKS, A = 6, 2, 2
+_LOG_2PI = float(np.log(2 * np.pi))
+
+
+def spec(chunk: int = 1, pixels: bool = False) -> EnvSpec:
+  obs = {"state": ObsSpec((STATE,), np.dtype(np.float32)), "task": ObsSpec((TASKS,), np.dtype(np.float32))}
+  if pixels:
+    obs = {"pixels": ObsSpec((3, 16, 16), np.dtype(np.uint8)), "state": obs["state"]}
+  d = A * chunk
+  return EnvSpec("MetaWorld/MT:Reach-v3,Push-v3", obs, d, -np.ones(d, np.float32), np.ones(d, np.float32), 50,
+                 True, 1 if pixels else TASKS, chunk)
+
+
+def make(name: str, chunk: int = 1, decode: str = "parallel"):
+  from policies.cnn import CNNPolicy
+  from policies.flow import FlowPolicy
+  from policies.mlp import MLPPolicy
+  from policies.vla import VLAPolicy
+  if name == "mlp":
+    return MLPPolicy(spec(chunk), hidden=(16, 16))
+  if name == "cnn":
+    return CNNPolicy(spec(pixels=True), channels=(4, 4), hidden=(16,))
+  if name == "vla":
+    return VLAPolicy(spec(chunk), chunk_size=chunk, bins=16, width=16, depth=1, heads=2, decode=decode,
+                     instructions=["reach the goal", "push the puck"])
+  return FlowPolicy(spec(chunk), chunk_size=chunk, steps=2, hidden=(16, 16), critic_hidden=(8,),
+                    instructions=("reach the goal", "push the puck"))
+
+
+def batch(policy, n: int = 5, seed: int = 0):
+  rng = np.random.default_rng(seed)
+  s = policy.spec
+  obs = {"state": rng.normal(1.0, 2.0, (n, STATE)).astype(np.float32)}
+  if "task" in s.obs:
+    obs["task"] = np.eye(TASKS, dtype=np.float32)[rng.integers(0, TASKS, n)]
+  if "pixels" in s.obs:
+    obs["pixels"] = rng.integers(0, 256, (n, 3, 16, 16)).astype(np.uint8)
+  actions = rng.uniform(-1, 1, (n, s.action_dim)).astype(np.float32)
+  mask = np.ones_like(actions)
+  mask[0, A:] = 0.0  # The first row's chunk was cut by its episode's end (a no-op without chunks).
+  return obs, actions, mask
+
+
+def fitted(policy, obs, seed=0):
+  params = policy.init(jax.random.key(seed))
+  return policy.update_normalizer(params, {k: jnp.asarray(v) for k, v in obs.items()}, jnp.ones(len(obs["state"])))
+
+
+def np_normalize(stats, x):
+  return np.clip((x - np.asarray(stats.mean)) / np.sqrt(np.asarray(stats.var) + 1e-8), -10, 10)
+
+
+def np_torso(tree, x):
+  """The tanh MLP of policies/mlp.py in NumPy."""
+  layers = sorted(tree, key=lambda n: int(n.split("_")[1]))
+  for i, name in enumerate(layers):
+    x = x @ np.asarray(tree[name]["kernel"]) + np.asarray(tree[name]["bias"])
+    if i < len(layers) - 1:
+      x = np.tanh(x)
+  return x
+
+
+def np_log_softmax(z):
+  z = z - z.max(-1, keepdims=True)
+  return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+
+# ----------------------------------------------------------------------------- each loss against NumPy
+
+
+@pytest.mark.parametrize("chunk", [1, 2])
+def test_mlp_gaussian_nll_against_numpy(chunk):
+  policy = make("mlp", chunk)
+  obs, actions, mask = batch(policy)
+  params = fitted(policy, obs)
+  x = np_normalize(params["obs_norm"], np.concatenate([obs["state"], obs["task"]], -1))
+  mean = np_torso(params["net"]["actor"], x)
+  log_std = np.asarray(params["net"]["log_std"])
+  nll = 0.5 * ((actions - mean) / np.exp(log_std)) ** 2 + log_std + 0.5 * _LOG_2PI
+  want = float((nll * mask).sum() / len(actions))
+  got = float(losses.gaussian_nll(policy, params, obs, jnp.asarray(actions), jnp.asarray(mask)))
+  np.testing.assert_allclose(got, want, rtol=2e-5)
+
+
+def test_cnn_gaussian_nll_against_numpy():
+  policy = make("cnn")
+  obs, actions, mask = batch(policy)
+  params = fitted(policy, obs)
+  mean, log_std, _ = (np.asarray(x) for x in policy._forward(params, obs))
+  nll = 0.5 * ((actions - mean) / np.exp(log_std)) ** 2 + log_std + 0.5 * _LOG_2PI
+  got = float(losses.gaussian_nll(policy, params, obs, jnp.asarray(actions), jnp.asarray(mask)))
+  np.testing.assert_allclose(got, float(nll.sum() / len(actions)), rtol=2e-5)
+
+
+@pytest.mark.parametrize("decode,chunk", [("parallel", 1), ("parallel", 2), ("autoregressive", 2)])
+def test_vla_token_cross_entropy_against_numpy(decode, chunk):
+  policy = make("vla", chunk, decode)
+  obs, actions, mask = batch(policy)
+  params = fitted(policy, obs)
+  tokens = np.clip(np.floor((np.clip(actions, -1, 1) + 1) / (2 / 16)), 0, 15).astype(np.int32)  # 16 bins on [-1, 1].
+  logits, _ = policy._net.apply({"params": params["net"]}, *policy._net_inputs(params, obs), jnp.asarray(tokens))
+  logp = np_log_softmax(np.asarray(logits, np.float64))
+  nll = -np.take_along_axis(logp, tokens[..., None], -1)[..., 0]
+  want = float((nll * mask).sum() / mask.sum())
+  got = float(losses.token_cross_entropy(policy, params, obs, jnp.asarray(actions), jnp.asarray(mask)))
+  np.testing.assert_allclose(got, want, rtol=2e-5)
+  if decode == "autoregressive":  # Teacher forcing: another token before the last changes the last's loss.
+    other = tokens.copy()
+    other[:, 0] = (other[:, 0] + 5) % 16
+    logits2, _ = policy._net.apply({"params": params["net"]}, *policy._net_inputs(params, obs), jnp.asarray(other))
+    assert not np.allclose(np.asarray(logits2)[:, -1], np.asarray(logits)[:, -1])
+
+
+@pytest.mark.parametrize("chunk", [1, 2])
+def test_flow_matching_against_numpy(chunk):
+  policy = make("flow", chunk)
+  obs, actions, mask = batch(policy)
+  params = fitted(policy, obs)
+  key = jax.random.key(3)
+  x0, t = (np.asarray(v, np.float64) for v in losses.flow_noise(key, len(actions), policy.chunk_dim))
+  xt = (1 - t[:, None]) * x0 + t[:, None] * actions  # MetaWorld's box is [-1, 1]: chain units are env units.
+  obs_x = policy.normalized_obs(params, obs)
+  v = np.asarray(policy.velocity(params, obs_x, jnp.asarray(xt, jnp.float32), jnp.asarray(t, jnp.float32)))
+  want = float((((v - (actions - x0)) ** 2) * mask).sum() / mask.sum())
+  got = float(losses.flow_matching(policy, params, obs, jnp.asarray(actions), jnp.asarray(mask), key))
+  np.testing.assert_allclose(got, want, rtol=5e-5)
+  if chunk == 1:  # Unmasked, it is the policy's own flow_matching_loss.
+    ones = jnp.ones_like(jnp.asarray(actions))
+    np.testing.assert_allclose(float(losses.flow_matching(policy, params, obs, jnp.asarray(actions), ones, key)),
+                               float(policy.flow_matching_loss(params, obs, jnp.asarray(actions), key)), rtol=1e-6)
+
+
+# ----------------------------------------------------------------------------- chunks and batches
+
+
+def test_chunks_stay_within_their_episode_and_mask_the_tail():
+  actions = np.arange(8, dtype=np.float32).reshape(4, 2)
+  chunks, mask = data_lib.chunk_actions(actions, 3)
+  np.testing.assert_array_equal(chunks[0], [0, 1, 2, 3, 4, 5])
+  np.testing.assert_array_equal(chunks[2], [4, 5, 6, 7, 6, 7])  # Padded with the last action...
+  np.testing.assert_array_equal(mask[2], [1, 1, 1, 1, 0, 0])  # ...which the mask drops.
+  np.testing.assert_array_equal(mask[3], [1, 1, 0, 0, 0, 0])
+  one, ones = data_lib.chunk_actions(actions, 1)
+  np.testing.assert_array_equal(one, actions)
+  assert ones.all()
+
+
+def _episode(rng, task: int, length: int, index: int, w: np.ndarray) -> dict:
+  """An expert whose action is a fixed function of the state and task: learnable."""
+  state = rng.normal(size=(length + 1, STATE)).astype(np.float32)
+  onehot = np.tile(np.eye(TASKS, dtype=np.float32)[task], (length + 1, 1))
+  actions = np.tanh(state[:-1] @ w + (0.5 if task else -0.5)).astype(np.float32)
+  return dict(obs={"state": state[:-1], "task": onehot[:-1]}, final_obs={"state": state[-1], "task": onehot[-1]},
+              actions=actions, expert_actions=actions, rewards=np.zeros(length, np.float32),
+              success=np.zeros(length, np.float32), episode_task=task, episode_instruction=task,
+              episode_success=True, episode_return=0.0, episode_env=task, episode_index=index)
+
+
+def write_demos(directory, episodes: int = 8, length: int = 12, state_dim: int = STATE, version=FORMAT_VERSION,
+                env="MetaWorld/MT:Reach-v3,Push-v3", pixels: bool = False):
+  rng = np.random.default_rng(0)
+  w = rng.normal(0, 0.7, (STATE, A)).astype(np.float32)
+  eps = [_episode(rng, i % TASKS, length, i // TASKS, w) for i in range(episodes)]
+  if state_dim != STATE:
+    for e in eps:
+      e["obs"]["state"] = np.zeros((length, state_dim), np.float32)
+      e["final_obs"]["state"] = np.zeros(state_dim, np.float32)
+  os.makedirs(directory / fmt.SHARD_DIR, exist_ok=True)
+  fmt.write_npz(str(directory / fmt.shard_name(0)), fmt.pack_shard(eps))
+  by_task = {t: dict(episodes=episodes // 2, successes=episodes // 2, expert_success=1.0, kept=episodes // 2,
+                     steps=episodes // 2 * length) for t in ("Reach-v3", "Push-v3")}
+  observation = {"state": dict(shape=[state_dim], dtype="float32"), "task": dict(shape=[TASKS], dtype="float32")}
+  if pixels:  # As a recording with --from_pixels lists them (only the manifest is read before the check).
+    observation = {"pixels": dict(shape=[3, 64, 64], dtype="uint8"), **observation}
+  fmt.write_manifest(str(directory), dict(
+      format=FORMAT, version=version, env=env, tasks=["Reach-v3", "Push-v3"],
+      instructions=["reach the goal", "push the puck"],
+      observation=observation,
+      action=dict(dim=A, dtype="float32", low=[-1] * A, high=[1] * A), seed=0, envs_per_task=2, by_task=by_task,
+      episodes=episodes, steps=episodes * length,
+      shards=[dict(file=fmt.shard_name(0), episodes=episodes, steps=episodes * length)]))
+  return directory
+
+
+def test_batches_are_fixed_size_seeded_and_chunked(tmp_path):
+  demos = open_demos(str(write_demos(tmp_path)))
+  a = [next(it) for it in [data_lib.batches(demos, 2, 20, seed=1)] for _ in range(12)]
+  b = [next(it) for it in [data_lib.batches(demos, 2, 20, seed=1)] for _ in range(12)]
+  assert all(x["actions"].shape == (20, 2 * A) and x["obs"]["state"].shape == (20, STATE) for x in a)
+  np.testing.assert_array_equal(np.concatenate([x["actions"] for x in a]), np.concatenate([x["actions"] for x in b]))
+  first = [r for x in a[:4] for r in x["mask"]]  # The first 80 rows are 80 of the 96 steps, drawn once each.
+  assert sum(not m[A:].any() for m in first) <= 8  # At most the 8 episodes' last steps are cut chunks.
+
+
+# ----------------------------------------------------------------------------- the loss falls
+
+
+@pytest.mark.parametrize("name,chunk,decode", [("mlp", 1, "parallel"), ("cnn", 1, "parallel"),
+                                               ("vla", 2, "parallel"), ("vla", 2, "autoregressive"),
+                                               ("flow", 2, "parallel")])
+def test_the_loss_falls_on_a_tiny_dataset(tmp_path, name, chunk, decode):
+  policy = make(name, chunk, decode)
+  if name == "cnn":  # Pixels: hand-made rows in the batch layout (the demo format's pixels need a render stage).
+    def pixel_batches():
+      rng = np.random.default_rng(0)
+      pix = rng.integers(0, 256, (32, 3, 16, 16)).astype(np.uint8)
+      state = rng.normal(size=(32, STATE)).astype(np.float32)
+      act = np.tanh(pix[:, 0, :2, 0].astype(np.float32) / 64 - 2)
+      while True:
+        idx = rng.integers(0, 32, 16)
+        yield {"obs": {"pixels": pix[idx], "state": state[idx]}, "actions": act[idx], "mask": np.ones((16, A))}
+    data = pixel_batches()
+    params = fitted(policy, {"state": np.zeros((1, STATE), np.float32)})
+  else:
+    demos = open_demos(str(write_demos(tmp_path)))
+    params = data_lib.fit_normalizer(policy, policy.init(jax.random.key(0)), demos)
+    data = data_lib.batches(demos, chunk, 16, seed=0)
+  cfg = SFTConfig(steps=40, batch_size=16, learning_rate=3e-3, log_every=10,
+                  frozen=("log_std",) if name in ("mlp", "cnn") else ())
+  rows = []
+  out, history = train(policy, params, data, cfg, jax.random.key(1), write=rows.append, progress=False)
+  loss = history["loss"]
+  assert loss.shape == (40,) and np.all(np.isfinite(loss))
+  assert loss[-10:].mean() < 0.95 * loss[:10].mean(), loss
+  assert [r["step"] for r in rows] == [10, 20, 30, 40]
+  if name in ("mlp", "cnn"):
+    np.testing.assert_array_equal(out["net"]["log_std"], params["net"]["log_std"])  # Frozen.
+  for a, b in zip(jax.tree.leaves(out["obs_norm"]), jax.tree.leaves(params["obs_norm"])):
+    np.testing.assert_array_equal(a, b)  # Set from the demos before training, then left alone.
+
+
+# ----------------------------------------------------------------------------- bad input: one line, exit 2
+
+
+def _run_sft(args):
+  env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu", "JAX_LOG_COMPILES": "1"}
+  return subprocess.run([sys.executable, "-m", "launch.sft", *args], cwd=ROOT, env=env, capture_output=True,
+                        text=True, timeout=180)
+
+
+@pytest.mark.parametrize("case,expected", [
+    ("empty", "is empty; record one with python -m launch.demos"),
+    ("other_version", f"is {FORMAT} version 2; this EBRL reads version {FORMAT_VERSION}"),
+    ("shapes", "observe state (7,) float32, task (2,) float32; env 'MetaWorld/MT:Reach-v3,Push-v3' observes "
+               "state (39,) float32"),
+    ("keys", "observe pixels (3, 64, 64) uint8, state (39,) float32, task (2,) float32; env "
+             "'MetaWorld/MT:Reach-v3,Push-v3' observes state (39,) float32, task (2,) float32"),
+    ("other_env", "were recorded on 'MetaWorld/MT:Reach-v3,Push-v3'; --config.env.name is 'MetaWorld/Reach-v3'"),
+])
+def test_bad_demos_are_one_line_exit_2_before_a_compile(tmp_path, case, expected):
+  d = tmp_path / "demos"
+  d.mkdir()
+  flags = ["--config.env.name=MetaWorld/MT:Reach-v3,Push-v3", "--config.num_envs=2"]
+  if case == "other_version":
+    write_demos(d, version=2)
+  elif case == "shapes":
+    write_demos(d, state_dim=7)
+  elif case == "keys":  # Recorded with pixels; the run has none.
+    write_demos(d, state_dim=39, pixels=True)
+  elif case == "other_env":
+    write_demos(d, state_dim=39)
+    flags = ["--config.env.name=MetaWorld/Reach-v3"]
+  proc = _run_sft([f"--demos={d}", f"--out={tmp_path / 'sft'}", "--steps=5", *flags])
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  lines = [l for l in proc.stderr.splitlines() if l.strip() and "Compiling" not in l]
+  assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], proc.stderr[-3000:]
+  assert "Compiling" not in proc.stderr + proc.stdout and "Traceback" not in proc.stderr
+  assert not (tmp_path / "sft" / "params").exists()
+
+
+# ----------------------------------------------------------------------------- a recording, SFT, then RL
+
+
+def tiny_cfg(env: str = "MetaWorld/Reach-v3"):
+  from launch.configs import default
+  cfg = default.get_config()
+  cfg.env.name = env
+  cfg.env.max_episode_steps = 25
+  cfg.num_envs = 2
+  cfg.rollout_length = 8
+  cfg.total_env_steps = 16
+  cfg.scheduler = "sync"
+  cfg.policy.hidden = (16, 16)
+  cfg.algorithm.epochs = 1
+  cfg.algorithm.num_minibatches = 2
+  cfg.checkpoint_every_s = 1e9
+  return cfg
+
+
+@pytest.fixture(scope="module")
+def reach_demos(tmp_path_factory):
+  """Four short Reach-v3 expert episodes recorded through launch.demos' recorder."""
+  from ebrl.demos.recorder import RecordRequest, record
+  out = tmp_path_factory.mktemp("reach") / "demos"
+  record(RecordRequest(env="MetaWorld/Reach-v3", episodes_per_task=4, out=str(out), envs_per_task=2,
+                       max_episode_steps=25, keep_failed=True, num_threads=1), progress=False)
+  return out
+
+
+def test_pretrained_params_warm_start_rl_bit_identically(reach_demos, tmp_path):
+  from ebrl.sft import SFTRun, pretrain
+  from ebrl.trainer import Trainer
+
+  cfg = tiny_cfg()
+  run = SFTRun(demos=str(reach_demos), out=str(tmp_path / "sft"), eval_episodes=2, progress=False,
+               train=SFTConfig(steps=30, batch_size=16, learning_rate=3e-3, eval_every=15, log_every=10))
+  params, meta = pretrain(cfg, run)
+  assert meta["loss_last"] < meta["loss_first"] and [e["step"] for e in meta["held_out"]] == [15, 30]
+  assert meta["held_out"][-1]["episodes"] == 2 and 0.0 <= meta["final_success_rate"] <= 1.0
+  assert float(params["obs_norm"].count) == open_demos(str(reach_demos)).num_steps
+  rows = [json.loads(l) for l in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in rows if "loss" in r] == [10, 20, 30]
+  assert [r["step"] for r in rows if "eval_success_rate" in r] == [15, 30]
+  assert any(f.startswith("events.out.tfevents") for f in os.listdir(tmp_path / "sft" / "tb"))
+  cfg.warm_start = str(tmp_path / "sft")
+  trainer = Trainer(cfg, str(tmp_path / "rl"), progress=False)
+  try:
+    got, want = jax.tree.leaves(trainer.state.params), jax.tree.leaves(params)
+    assert jax.tree.structure(trainer.state.params) == jax.tree.structure(params)
+    for a, b in zip(got, want):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  finally:
+    trainer.envs.close()
+
+
+def test_cli_pretrains_a_chunked_autoregressive_vla(reach_demos, tmp_path):
+  out = tmp_path / "sft"
+  proc = _run_sft([f"--demos={reach_demos}", f"--out={out}", "--steps=20", "--batch_size=16", "--eval_every=10",
+                   "--eval_episodes=2", "--learning_rate=1e-3", "--config.policy.name=vla",
+                   "--config.policy.decode=autoregressive", "--config.policy.chunk_size=2",
+                   "--config.policy.width=16", "--config.policy.depth=1", "--config.policy.heads=2",
+                   "--config.policy.bins=32", "--config.env.max_episode_steps=25"])
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "Compiling" in proc.stderr  # The no-compile check above would see one.
+  meta = json.loads((out / "sft.json").read_text())
+  assert meta["loss"] == "token_cross_entropy" and meta["chunk_size"] == 2
+  assert [e["step"] for e in meta["held_out"]] == [10, 20]
+  assert "held-out success at step 20:" in proc.stdout and (out / "params").is_dir()

@@ -138,7 +138,7 @@ def get_config() -> ml_collections.ConfigDict:
       # those behind a busy simulator would idle the GPU).
       learner_priority="auto",
   ))
-  c.warm_start = ""  # Policy params to start from: a launch.train workdir/checkpoint or a launch.bc --out dir.
+  c.warm_start = ""  # Policy params to start from: a launch.train workdir/checkpoint or a launch.sft --out dir.
   c.resume = False
   c.log_every_s = 2.0
   c.checkpoint_every_s = 30.0

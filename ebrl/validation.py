@@ -224,7 +224,7 @@ def _check_grpo_and_warm_start(cfg, device: bool) -> None:
                       "is not supported")
   if cfg.warm_start and not os.path.isdir(cfg.warm_start):
     raise UserError(f"warm_start='{cfg.warm_start}' is not a directory; give a launch.train workdir (or one of "
-                    "its checkpoints) or a launch.bc --out directory")
+                    "its checkpoints) or a launch.sft --out directory")
 
 
 def _check_policy(cfg) -> None:

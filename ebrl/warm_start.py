@@ -1,12 +1,12 @@
-"""Warm starts: policy params from an earlier run or from behaviour cloning on demonstrations.
+"""Warm starts: policy params from an earlier run or from pre-training on demonstrations.
 
 `load_params(path, template)` reads the policy params out of
 * an EBRL run directory (`<workdir>`, its `checkpoints/` or one `checkpoints/<step>`),
   as written by ebrl/checkpointing.py: an Orbax Composite item `state` holding the
   whole TrainState, of which only `params` is read (partial restore; the optimiser
   state of the earlier run is not needed and may have another layout), or
-* a directory written by `save_params` (python -m launch.bc): the params pytree
-  itself in `<dir>/params`, with `<dir>/bc.json` describing how it was made.
+* a directory written by `save_params` (python -m launch.sft, ebrl/sft/): the params pytree
+  itself in `<dir>/params`, with `<dir>/sft.json` describing how it was made.
 The saved tree is checked against freshly initialised params first, so a wrong
 policy or env gives one line naming the first mismatching leaf and both shapes
 instead of an Orbax traceback.
@@ -66,7 +66,7 @@ def _item_dir(path: str) -> str:
   p = os.path.abspath(os.path.expanduser(path))
   if not os.path.isdir(p):
     raise ValueError(f"warm-start path '{path}' is not a directory; give an EBRL run directory, "
-                     "one of its checkpoints, or a launch.bc --out directory")
+                     "one of its checkpoints, or a launch.sft --out directory")
   if os.path.isdir(os.path.join(p, "checkpoints")):
     p = os.path.join(p, "checkpoints")
   steps = sorted(int(d) for d in os.listdir(p) if d.isdigit() and os.path.isdir(os.path.join(p, d)))
@@ -78,7 +78,7 @@ def _item_dir(path: str) -> str:
   if os.path.exists(os.path.join(p, "_METADATA")):
     return p
   raise ValueError(f"no Orbax params found under '{path}'; expected <workdir>/checkpoints/<step>/state "
-                   f"(launch.train) or <dir>/{PARAMS_DIR} (launch.bc)")
+                   f"(launch.train) or <dir>/{PARAMS_DIR} (launch.sft)")
 
 
 def check_params_match(saved: dict[str, tuple[int, ...]], template: dict[str, tuple[int, ...]],
@@ -99,7 +99,7 @@ def check_params_match(saved: dict[str, tuple[int, ...]], template: dict[str, tu
 
 
 def load_params(path: str, template_params: Params) -> Params:
-  """Policy params from an EBRL checkpoint or a launch.bc directory, shaped and placed like the template.
+  """Policy params from an EBRL checkpoint or a launch.sft directory, shaped and placed like the template.
 
   Raises ValueError (one line) when nothing readable is there or a leaf's shape differs.
   """

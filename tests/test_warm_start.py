@@ -45,68 +45,6 @@ def tree_equal(a, b) -> bool:
 # ----------------------------------------------------------------------------- behaviour cloning
 
 
-def test_bc_fits_linear_map():
-  policy = MLPPolicy(tiny_spec(), hidden=(32, 32))
-  demos = linear_demos()
-  params0 = policy.init(jax.random.key(0))
-  mean0 = policy._forward(policy.update_normalizer(params0, demos["obs"], jnp.ones(512)), demos["obs"])[0]
-  mse0 = float(np.mean(np.square(np.asarray(mean0) - demos["actions"])))
-  params, losses = warm_start.bc_train(policy, params0, demos, steps=600, batch_size=128, learning_rate=3e-3,
-                                       key=jax.random.key(1))
-  assert losses.shape == (600,) and np.all(np.isfinite(losses))
-  mean = np.asarray(policy._forward(params, demos["obs"])[0])
-  mse = float(np.mean(np.square(mean - demos["actions"])))
-  assert mse < 0.02 * mse0 and mse < 2e-3, (mse0, mse)
-  # The Gaussian NLL at a fixed std: its floor is sum(log_std + log(2 pi) / 2); the excess shrinks a lot.
-  floor = float(np.sum(np.asarray(params0["net"]["log_std"]) + 0.5 * np.log(2 * np.pi)))
-  assert losses[-50:].mean() - floor < 0.05 * (losses[:10].mean() - floor)
-  # log_std is frozen by default; the normaliser saw every demo row exactly once.
-  np.testing.assert_array_equal(np.asarray(params["net"]["log_std"]), np.asarray(params0["net"]["log_std"]))
-  assert float(params["obs_norm"].count) == 512.0
-  np.testing.assert_allclose(np.asarray(params["obs_norm"].mean), demos["obs"]["state"].mean(0), rtol=1e-4)
-
-
-def test_bc_prefers_flow_matching_loss():
-  calls = []
-
-  class FlowLike:
-    """An MLP whose `evaluate` must not be used: BC must call flow_matching_loss."""
-    name = "flowlike"
-
-    def __init__(self):
-      self.mlp = MLPPolicy(tiny_spec(), hidden=(16,))
-
-    def init(self, key):
-      return self.mlp.init(key)
-
-    def update_normalizer(self, params, obs, weight):
-      return self.mlp.update_normalizer(params, obs, weight)
-
-    def evaluate(self, params, obs, action):
-      raise AssertionError("evaluate used instead of flow_matching_loss")
-
-    def flow_matching_loss(self, params, obs, actions, key):
-      calls.append(key)
-      return jnp.mean(jnp.square(self.mlp._forward(params, obs)[0] - actions))
-
-  policy = FlowLike()
-  demos = linear_demos(m=256)
-  _, losses = warm_start.bc_train(policy, policy.init(jax.random.key(0)), demos, steps=300, batch_size=64,
-                                  learning_rate=3e-3, key=jax.random.key(2), chunk=100)
-  assert calls and losses[-20:].mean() < 0.1 * losses[:5].mean()
-
-
-def test_bc_rejects_ragged_demos():
-  policy = MLPPolicy(tiny_spec(), hidden=(8,))
-  demos = linear_demos(m=64)
-  demos["obs"]["state"] = demos["obs"]["state"][:60]
-  with pytest.raises(ValueError, match="60 rows but 'actions' has 64"):
-    warm_start.bc_train(policy, policy.init(jax.random.key(0)), demos, 10, 8, 1e-3, jax.random.key(0))
-
-
-# ----------------------------------------------------------------------------- params on disk
-
-
 def test_load_params_round_trip_from_bc_saver(tmp_path):
   policy = MLPPolicy(tiny_spec(), hidden=(16, 16))
   params = policy.update_normalizer(policy.init(jax.random.key(3)), linear_demos()["obs"], jnp.ones(512))
@@ -159,26 +97,6 @@ def test_shape_mismatch_names_leaf_and_shapes(tmp_path):
     warm_start.load_params(str(tmp_path / "nope"), big.init(jax.random.key(0)))
   with pytest.raises(ValueError, match="no Orbax params found"):
     warm_start.load_params(str(tmp_path), big.init(jax.random.key(0)))
-
-
-def test_demos_io_and_checks(tmp_path):
-  demos = linear_demos(m=16)
-  warm_start.save_demos(str(tmp_path / "d.npz"), demos)
-  loaded = warm_start.load_demos(str(tmp_path / "d.npz"))
-  np.testing.assert_array_equal(loaded["actions"], demos["actions"])
-  np.testing.assert_array_equal(loaded["obs"]["state"], demos["obs"]["state"])
-  assert warm_start.check_demos(loaded, tiny_spec()) == 16
-  np.savez(tmp_path / "bad.npz", actions=demos["actions"], state=demos["obs"]["state"])
-  with pytest.raises(ValueError, match="lacks 'obs/<key>'.*obs/state"):
-    warm_start.load_demos(str(tmp_path / "bad.npz"))
-  with pytest.raises(ValueError, match=r"needs \[M, 3\]"):
-    warm_start.check_demos(loaded, EnvSpec("three", tiny_spec().obs, 3, -np.ones(3), np.ones(3), 10, False))
-  with pytest.raises(ValueError, match="lack 'obs/pixels'"):
-    warm_start.check_demos(loaded, EnvSpec("pix", {"pixels": ObsSpec((4, 4, 3), np.uint8)}, ACTION_DIM,
-                                           -np.ones(2), np.ones(2), 10, False))
-
-
-# ----------------------------------------------------------------------------- launch.bc: launch.sft's old name
 
 
 def _run_bc(args):

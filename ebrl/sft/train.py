@@ -22,6 +22,7 @@ import optax
 import tqdm
 
 from ebrl.sft.losses import loss_for
+from ebrl.warm_start import key_name
 
 Params = Any
 
@@ -37,15 +38,11 @@ class SFTConfig:
   frozen: tuple[str, ...] = ("log_std",)  # Leaves of params["net"] whose path names one of these stay as they are.
 
 
-def _key_name(k) -> str:
-  return str(next((getattr(k, a) for a in ("key", "name", "idx") if hasattr(k, a)), k))
-
-
 def optimizer_for(net: Params, cfg: SFTConfig) -> optax.GradientTransformation:
   """Adam with global-norm clipping; `cfg.frozen` leaves get zero updates."""
   inner = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(cfg.learning_rate))
   labels = jax.tree_util.tree_map_with_path(
-      lambda path, _: "frozen" if any(_key_name(k) in cfg.frozen for k in path) else "train", net)
+      lambda path, _: "frozen" if any(key_name(k) in cfg.frozen for k in path) else "train", net)
   return optax.multi_transform({"train": inner, "frozen": optax.set_to_zero()}, labels)
 
 

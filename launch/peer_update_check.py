@@ -65,10 +65,10 @@ def compare(dump: dict[str, np.ndarray]) -> dict[str, float]:
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import ml_collections  # pylint: disable=g-import-not-at-top
-  from ebrl import normalizer  # pylint: disable=g-import-not-at-top
   from ebrl.algorithms.gae import gae  # pylint: disable=g-import-not-at-top
   from ebrl.algorithms.ppo import PPOConfig  # pylint: disable=g-import-not-at-top
   from ebrl.learner import Learner, LearnerConfig  # pylint: disable=g-import-not-at-top
+  from ebrl.step_normalizer import identity_stats  # pylint: disable=g-import-not-at-top
   from ebrl.types import Rollout  # pylint: disable=g-import-not-at-top
   from policies import make_policy  # pylint: disable=g-import-not-at-top
   from sim_adapters.base import EnvSpec, ObsSpec  # pylint: disable=g-import-not-at-top
@@ -82,7 +82,7 @@ def compare(dump: dict[str, np.ndarray]) -> dict[str, float]:
                       ppo=PPOConfig(clip_eps=0.2, vf_coef=1.0, ent_coef=0.0, normalize_advantages=True))
   learner = Learner(policy, cfg)
   # The peer's observations are already normalised: EBRL's normaliser is the identity here.
-  identity = normalizer.RunningStats(jnp.zeros(dim), jnp.full(dim, 1.0 - 1e-8), jnp.zeros(()))
+  identity = identity_stats(dim)
   params = {"net": jax.tree.map(jnp.asarray, torch_to_flax(dump, "before/")), "obs_norm": identity}
   opt = learner._optimizer.init(params["net"])  # pylint: disable=protected-access
   if int(dump["adam_step"]):

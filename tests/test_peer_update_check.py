@@ -17,10 +17,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from ebrl import normalizer
 from ebrl.algorithms.gae import gae
 from ebrl.algorithms.ppo import PPOConfig
 from ebrl.learner import Learner, LearnerConfig
+from ebrl.step_normalizer import identity_stats
 from ebrl.types import Rollout
 from launch import peer_update_check as check
 from policies import make_policy
@@ -48,7 +48,7 @@ def _dump() -> dict[str, np.ndarray]:
                       ppo=PPOConfig(clip_eps=0.2, vf_coef=1.0))
   learner = Learner(policy, cfg)
   state = learner.init(jax.random.PRNGKey(0))
-  ident = normalizer.RunningStats(jnp.zeros(DIM), jnp.full(DIM, 1.0 - 1e-8), jnp.zeros(()))
+  ident = identity_stats(DIM)
   state = state.replace(params={**state.params, "obs_norm": ident})
   rng = np.random.default_rng(0)
   obs = rng.normal(size=(T + 1, N, DIM)).astype(np.float32)

@@ -42,12 +42,26 @@ def test_every_module_and_entry_point_has_a_target():
         continue
       build = files[os.path.join(os.path.relpath(dirpath, ROOT), "BUILD")]
       for name in names:
-        if name.endswith(".py"):
+        if name == "__init__.py":  # The package's `init` target: it and the modules it imports.
+          assert 'name = "init",\n    srcs = ["__init__.py"' in build, f"{dirpath}/{name} has no target"
+        elif name.endswith(".py"):
           assert f'srcs = ["{name}"]' in build, f"{dirpath}/{name} has no target"
   launch = files[os.path.join("launch", "BUILD")]
   for entry in ("train", "eval", "bench", "profile", "bc", "demos", "sft", "learning_bench", "soak", "mps_bench"):
     assert f'py_binary(\n    name = "{entry}",' in launch, entry
   assert 'name = "fast"' in files[os.path.join("tests", "BUILD")]
+
+
+def test_init_targets_need_no_cycle():
+  """A package whose init imports two of its modules that do not import each other (sim_adapters:
+  base and tasks) built a cycle init -> base -> init before: those modules are now the init's own
+  sources, and no module target of a package names another of its init's sources."""
+  files = bazel_targets.build_files()
+  build = files[os.path.join("sim_adapters", "BUILD")]
+  assert 'name = "init",\n    srcs = ["__init__.py", "base.py", "tasks.py"]' in build
+  for target in ("base", "tasks"):
+    rule = build.split(f'name = "{target}",')[1].split(")")[0]
+    assert '":base"' not in rule and '":tasks"' not in rule, rule
 
 
 def test_lock_pins_what_requirements_pin():

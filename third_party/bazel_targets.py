@@ -205,8 +205,7 @@ def _package_build(graph: Graph, directory: str) -> str:
   modules = sorted(m for m, rel in graph.files.items() if os.path.dirname(rel) == directory)
   rules = [] if directory in SCRIPT_DIRS else _init_rules(graph, directory, modules)
   package = next((m for m in modules if m in graph.packages), None)
-  init_time_local = set() if package is None else {
-      l for l in graph.deps(package, top_level_only=True)[0] if l.startswith(f"//{directory}:")}
+  init_time_local = set() if package is None else _init_time_local(graph, directory, modules)
   imported = {l for m in graph.files if m not in graph.packages for l in graph.deps(m)[0]}
   for module in modules:
     if module in graph.packages:
@@ -216,8 +215,10 @@ def _package_build(graph: Graph, directory: str) -> str:
     labels, pip = graph.deps(module)
     if package is not None:
       labels.add(graph.label(package))
-    # The init's own import-time imports of this package run before this module does.
-    labels |= {l for l in init_time_local if l != graph.label(module) and not _reaches(graph, l, module)}
+    # The modules the init imports when it runs are part of `:init` (which every module here
+    # depends on), so naming them again would only add edges, and two of them that do not import
+    # each other would otherwise form a cycle through the init.
+    labels -= init_time_local - {graph.label(module)} if graph.label(module) in init_time_local else set()
     deps = _dep_list(graph, directory, labels, pip)
     data = DATA.get(rel)
     data = [f'"{d}"' for d in data] if data else None
@@ -257,11 +258,21 @@ def _init_rules(graph: Graph, directory: str, modules: list[str]) -> list[str]:
   package = next(m for m in modules if m in graph.packages)
   parent = package.rpartition(".")[0]
   rules = []
-  # The package's init: its __init__.py and what that runs on import.
+  # The package's init: its __init__.py and what that runs on import. The package's own modules it
+  # imports at that time are its sources too: importing any module of the package runs the init
+  # first, so they must be present wherever the package is, and as sources of one target they need
+  # no edges between each other (two that do not import each other would otherwise form a cycle).
   labels, pip = graph.deps(package, top_level_only=True)
+  local = sorted(_init_time_local(graph, directory, modules))
+  by_label = {graph.label(m): m for m in modules if m not in graph.packages}
+  srcs = ["__init__.py"] + [os.path.basename(graph.files[by_label[l]]) for l in local]
+  for l in local:
+    module_labels, module_pip = graph.deps(by_label[l])
+    labels |= module_labels
+    pip |= module_pip
   labels = {l for l in labels if not l.startswith(f"//{directory}:")} | (
       {graph.label(parent)} if parent in graph.packages else set())
-  rules.append(_rule("py_library", name='"init"', srcs='["__init__.py"]',
+  rules.append(_rule("py_library", name='"init"', srcs="[" + ", ".join(f'"{s}"' for s in srcs) + "]",
                      deps=_dep_list(graph, directory, labels, pip)))
   # Its API: every module the init imports, inside its functions too.
   labels, pip = graph.deps(package)
@@ -272,20 +283,19 @@ def _init_rules(graph: Graph, directory: str, modules: list[str]) -> list[str]:
   return rules
 
 
-def _reaches(graph: Graph, label: str, module: str) -> bool:
-  """Whether the target `label` already depends on `module`, directly or through others."""
-  target = graph.label(module)
-  by_label = {graph.label(m): m for m in graph.files if m not in graph.packages}
-  seen, todo = set(), [label]
+def _init_time_local(graph: Graph, directory: str, modules: list[str]) -> set[str]:
+  """Labels of the package's own modules that its init imports, and the package's modules those
+  import (inside functions too): the sources of its `init` target."""
+  package = next(m for m in modules if m in graph.packages)
+  by_label = {graph.label(m): m for m in modules if m not in graph.packages}
+  todo = [l for l in graph.deps(package, top_level_only=True)[0] if l in by_label]
+  found = set()
   while todo:
     l = todo.pop()
-    if l == target:
-      return True
-    if l in seen or l not in by_label:
-      continue
-    seen.add(l)
-    todo.extend(graph.deps(by_label[l])[0])
-  return False
+    if l not in found:
+      found.add(l)
+      todo.extend(d for d in graph.deps(by_label[l])[0] if d in by_label)
+  return found
 
 
 def build_files() -> dict[str, str]:

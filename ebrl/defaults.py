@@ -93,6 +93,11 @@ def get_config() -> ml_collections.ConfigDict:
       behaviour_weight_clip=2.0,  # Decoupled PPO: cap on prox / behaviour (stale samples).
       vtrace_rho_clip=1.0,  # V-trace: truncation of the importance weight in targets and advantages.
       vtrace_c_clip=1.0,  # V-trace: truncation of the trace-cutting coefficients.
+      # Fine-tuning from warm_start: the first critic_warmup_updates updates train only the critic
+      # (the acting policy stays bit-identical), and ref_kl_coef weighs a KL penalty toward the
+      # warm-start params (0 = none).
+      critic_warmup_updates=0,
+      ref_kl_coef=0.0,
   ))
   # scheduler=ebrl: env groups on their own threads, dynamic generation batches, async learner.
   c.ebrl = ml_collections.ConfigDict(dict(
@@ -139,6 +144,10 @@ def get_config() -> ml_collections.ConfigDict:
       learner_priority="auto",
   ))
   c.warm_start = ""  # Policy params to start from: a launch.train workdir/checkpoint or a launch.sft --out dir.
+  # Evaluation episodes (per task on a multi-task env) of the policy the run starts from and of the
+  # one it ends with, on env seeds training never uses: summary.json's start_eval and final_eval.
+  # 0 = none.
+  c.eval_episodes = 0
   c.resume = False
   c.log_every_s = 2.0
   c.checkpoint_every_s = 30.0

@@ -25,6 +25,10 @@ from ebrl.errors import UserError
 from sim_adapters import is_device_env
 from sim_adapters.base import EnvSpec
 
+# Env seed of held-out evaluations (launch.sft's, a fine-tuning run's start and final evaluation): far
+# from the seeds training and recording use (seed .. seed + 1000 tasks), so their initial states differ.
+HELD_OUT_SEED = 1_000_003
+
 
 class FirstEpisodes:
   """The first finished episode of each of n envs."""

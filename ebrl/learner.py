@@ -15,6 +15,13 @@ predicts returns standardised by running statistics of its targets
 rest of an update's minibatch steps are skipped once one measures too large a
 KL; the learning rate is set per update from the schedule.
 
+Fine-tuning a pre-trained policy: for the first `critic_warmup_updates` updates
+only the critic's leaves (policies.base.critic_mask) get gradients and the
+observation statistics stand still, so the acting policy is bit-identical while
+the fresh critic learns its values (a random critic's advantages would otherwise
+pull the pre-trained actor anywhere); `ref_kl_coef` adds a KL penalty toward the
+params the run started from (TrainState.reference).
+
 With `algorithm="grpo"` the on-policy update is critic-free: advantages are
 group-relative returns over `group_size` consecutive same-seed envs
 (ebrl/algorithms/grpo.py), already normalised per group, and there is no value
@@ -37,12 +44,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from ebrl import normalizer
 from ebrl.algorithms.gae import gae
 from ebrl.algorithms.grpo import group_relative_advantages
-from ebrl.algorithms.ppo import PPOConfig, masked_mean, ppo_loss
+from ebrl.algorithms.ppo import PPOConfig, kl_to_reference, masked_mean, ppo_loss
 from ebrl.algorithms.vtrace import vtrace
 from ebrl.algorithms.staleness import fresh_mask
 from ebrl.step_normalizer import identity_stats
 from ebrl.types import Rollout, SegmentBatch, TrainState
-from policies.base import Policy
+from policies.base import Policy, critic_mask
 
 
 OBS_NORM_UPDATES = ("after", "before", "every_step")  # When the observation statistics take a batch (LearnerConfig).
@@ -94,6 +101,10 @@ class LearnerConfig:
   # `group_size` consecutive same-seed envs (ebrl/algorithms/grpo.py); on-policy `update` only.
   algorithm: str = "ppo"
   group_size: int = 1
+  # Fine-tuning: updates (policy versions 0 .. n-1) that train only the critic, and the weight of
+  # the KL penalty toward TrainState.reference (0: no reference is kept).
+  critic_warmup_updates: int = 0
+  ref_kl_coef: float = 0.0
   ppo: PPOConfig = PPOConfig()
 
   @classmethod
@@ -108,6 +119,7 @@ class LearnerConfig:
         reward_norm=a.reward_norm, num_envs=layout.num_envs, obs_norm_update=a.obs_norm_update,
         value_norm=a.value_norm, value_norm_count=float(a.value_norm_count), max_staleness=cfg.ebrl.max_staleness,
         algorithm=a.name, group_size=a.group_size,
+        critic_warmup_updates=a.critic_warmup_updates, ref_kl_coef=float(a.ref_kl_coef),
         correction=a.correction, vtrace_rho_clip=a.vtrace_rho_clip, vtrace_c_clip=a.vtrace_c_clip,
         ppo=PPOConfig(clip_eps=a.clip_eps, value_clip_eps=a.value_clip_eps, vf_coef=a.vf_coef,
                       ent_coef=a.ent_coef, normalize_advantages=a.normalize_advantages,
@@ -153,7 +165,18 @@ def init_train_state(policy: Policy, cfg: LearnerConfig, key: jax.Array) -> Trai
   params = policy.init(init_key)
   return TrainState(params=params, opt_state=make_optimizer(cfg).init(params["net"]), key=key,
                     version=jnp.zeros((), jnp.int32), skipped_updates=jnp.zeros((), jnp.int32),
-                    value_norm=normalizer.init_stats(1), reward_norm=normalizer.init_return_norm(cfg.num_envs))
+                    value_norm=normalizer.init_stats(1), reward_norm=normalizer.init_return_norm(cfg.num_envs),
+                    reference=params if cfg.ref_kl_coef > 0 else None)
+
+
+def with_reference(state: TrainState, params) -> TrainState:
+  """The state with `params` and, where it keeps a reference (ref_kl_coef > 0), a copy of them as the
+  reference: what a warm start sets. The copies are buffers of their own, so donating the state to
+  an update never hands one array to XLA twice."""
+  state = state.replace(params=params)
+  if state.reference is None:
+    return state
+  return state.replace(reference=jax.tree.map(lambda x: jnp.array(x, copy=True), params))
 
 
 def rollout_sharding(mesh: Mesh, rollout: Rollout) -> Rollout:
@@ -172,6 +195,9 @@ class Learner:
       raise ValueError(f"unknown obs_norm_update '{cfg.obs_norm_update}'; valid: {', '.join(OBS_NORM_UPDATES)}")
     if cfg.algorithm == "grpo" and cfg.group_size < 2:
       raise ValueError(f"grpo needs group_size >= 2 (got {cfg.group_size}): a group of one env has no baseline")
+    if cfg.ref_kl_coef > 0 and cfg.obs_norm_update == "every_step":
+      raise ValueError("ref_kl_coef > 0 needs raw observations in the batch (the reference normalises them with "
+                       "its own statistics); obs_norm_update='every_step' stores them normalised")
     self.policy = policy
     self.cfg = cfg
     self.mesh = mesh or make_mesh()
@@ -184,7 +210,8 @@ class Learner:
     # One compiled call: run eagerly, Flax's initialisers (orthogonal: a QR per layer) dispatch
     # dozens of op-by-op compiles, about 2 s of every launch's start-up on a CPU.
     init = jax.jit(functools.partial(init_train_state, self.policy, self.cfg), out_shardings=self.replicated)
-    return init(key)
+    state = init(key)
+    return with_reference(state, state.params)  # The reference's own buffers (see with_reference).
 
   def check_alive(self) -> None:
     """In this process the learner cannot die apart from the run (ebrl/learner_process.py's can)."""
@@ -263,7 +290,8 @@ class Learner:
   def _normalise_first(self, state: TrainState, obs, valid: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
     """obs_norm_update="before": the state with the batch merged into the observation statistics
     before the epochs (rollouts and segments alike), and how far that moved them."""
-    params = self.policy.update_normalizer(state.params, obs, valid)
+    params = _unless_warming_up(self.cfg, state.version, self.policy.update_normalizer(state.params, obs, valid),
+                                state.params)
     return state.replace(params=params), _normalizer_shift(state.params, params)
 
   def _rewards(self, state: TrainState, rewards: jax.Array, done: jax.Array, valid: jax.Array, gamma,
@@ -312,6 +340,11 @@ class Learner:
                 mask=flat(ro.valid).astype(jnp.float32))
     if behaviour_logp is not None:
       data["behaviour_logp"] = flat(behaviour_logp)
+    if cfg.ref_kl_coef > 0:  # The reference's log-probs of the batch's actions, once per update.
+      ref_logp, _, _ = policy.evaluate(state.reference, ro.obs, ro.actions)
+      data["ref_logp"] = flat(jax.lax.stop_gradient(ref_logp))
+    warming_up = state.version < cfg.critic_warmup_updates
+    is_critic = critic_mask(state.params["net"])
     num = data["adv"].shape[0]
     mb = num // cfg.num_minibatches
     scale = _target_scale(flat(values[:-1]), data["adv"], flat(returns), data["mask"])
@@ -319,12 +352,18 @@ class Learner:
 
     def loss_fn(net, params, b):
       logp, entropy, value = policy.evaluate({**params, "net": net}, b["obs"], b["actions"])
-      return ppo_loss(ppo_cfg, logp, entropy, value, b["logp"], b["values"], b["adv"], b["returns"], b["mask"],
-                      b.get("behaviour_logp"))
+      loss, metrics = ppo_loss(ppo_cfg, logp, entropy, value, b["logp"], b["values"], b["adv"], b["returns"],
+                               b["mask"], b.get("behaviour_logp"))
+      if "ref_logp" in b:
+        metrics["ref_kl"] = kl_to_reference(logp, b["ref_logp"], b["mask"])
+        loss = loss + cfg.ref_kl_coef * metrics["ref_kl"]
+      return loss, metrics
 
     def minibatch_step(carry, b):
       params, opt_state, skipped, stopped = carry
       (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params["net"], params, b)
+      if cfg.critic_warmup_updates > 0:  # Zero gradients give Adam exactly zero steps: the actor stays.
+        grads = jax.tree.map(lambda g, c: g if c else jnp.where(warming_up, jnp.zeros_like(g), g), grads, is_critic)
       updates, new_opt = self._optimizer.update(grads, opt_state, params["net"])
       new_net = optax.apply_updates(params["net"], updates)
       grad_norm = optax.global_norm(grads)  # Before clipping: how hard the loss pulls.
@@ -350,7 +389,7 @@ class Learner:
     metrics = jax.tree.map(jnp.mean, metrics)
     metrics.update(scale)
     if cfg.obs_norm_update == "after":  # "before": the caller has.
-      new_params = policy.update_normalizer(params, ro.obs, ro.valid)
+      new_params = _unless_warming_up(cfg, state.version, policy.update_normalizer(params, ro.obs, ro.valid), params)
       metrics.update(_normalizer_shift(params, new_params))
       params = new_params
     value_norm = state.value_norm
@@ -362,9 +401,21 @@ class Learner:
     metrics["learning_rate"] = learning_rate(opt_state)
     if cfg.reward_norm:
       metrics["reward_norm_std"] = jnp.sqrt(reward_norm.stats.var[0] + 1e-8)
+    if cfg.critic_warmup_updates > 0:
+      metrics["critic_warmup"] = warming_up.astype(jnp.float32)
     new_state = TrainState(params=params, opt_state=opt_state, key=key, version=state.version + 1,
-                           skipped_updates=skipped, value_norm=value_norm, reward_norm=reward_norm)
+                           skipped_updates=skipped, value_norm=value_norm, reward_norm=reward_norm,
+                           reference=state.reference)
     return new_state, metrics
+
+
+def _unless_warming_up(cfg: LearnerConfig, version: jax.Array, new_params, old_params):
+  """`new_params` (the observation statistics after a batch), or `old_params` during a critic
+  warm-up: the statistics are part of what the actor computes, so they stand still with it."""
+  if cfg.critic_warmup_updates <= 0:
+    return new_params
+  warming_up = version < cfg.critic_warmup_updates
+  return jax.tree.map(lambda n, o: jnp.where(warming_up, o, n), new_params, old_params)
 
 
 def _target_scale(values: jax.Array, adv: jax.Array, returns: jax.Array, mask: jax.Array) -> dict[str, jax.Array]:

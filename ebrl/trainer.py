@@ -30,7 +30,7 @@ from ebrl import workdir as workdir_lib
 from ebrl.checkpointing import Checkpointer
 from ebrl.errors import UserError
 from ebrl.layout import RunLayout
-from ebrl.learner import Learner, LearnerConfig, make_mesh
+from ebrl.learner import Learner, LearnerConfig, make_mesh, with_reference
 from ebrl.learner_process import LearnerProcessSpec, RemoteLearner, shared_memory_bytes
 from ebrl.param_store import ParamStore, with_value_stats
 from ebrl.resources import gpu_sharing, profiler
@@ -199,11 +199,14 @@ class Trainer:
     # capacity (the only source of such samples), over every launch of the run.
     self.stale_dropped = 0
     self.force_started = 0
+    self.start_eval: dict | None = None  # cfg.eval_episodes > 0: the starting policy's evaluation.
     restored = self._resume() if cfg.resume else False
     if cfg.warm_start and restored:
       tqdm.tqdm.write(f"warm start from {cfg.warm_start} not applied: the restored checkpoint's params win")
     elif cfg.warm_start:  # Whenever no checkpoint was restored (also a first launch with resume=True).
       self._warm_start(cfg.warm_start)
+    if cfg.eval_episodes > 0 and self.start_eval is None:  # A resumed run keeps its own.
+      self.start_eval = self.evaluate("start")
     self.params.publish(self.state)
     # Updates made so far, as a Python int any thread may read (the state itself is donated to
     # each update while the learner thread runs it).
@@ -450,6 +453,7 @@ class Trainer:
     self.best_success_by_task = {t: best_by_task.get(t) for t in self.best_success_by_task}
     self.stale_dropped = int(meta.get("stale_dropped", 0))
     self.force_started = int(meta.get("force_started", 0))
+    self.start_eval = meta.get("start_eval")
     self.tracker.load_state_dict(meta.get("episodes", {}))
     self.sampler.restore_counter(int(meta.get("sampler_calls", 0)))
     _drop_rows_after(os.path.join(self.workdir, "metrics.jsonl"), self.env_steps)
@@ -462,8 +466,21 @@ class Trainer:
       params = load_params(path, self.state.params)
     except ValueError as e:
       raise UserError(str(e)) from None
-    self.state = self.state.replace(params=params)
+    self.state = with_reference(self.state, params)
     tqdm.tqdm.write(f"warm start: policy params from {path}")
+
+  def evaluate(self, when: str) -> dict:
+    """`cfg.eval_episodes` episodes (per task on a multi-task env) of the current policy, one per env,
+    on held-out env seeds, with the run's own env options; printed and returned."""
+    from ebrl.evaluation import HELD_OUT_SEED, RunEnv, make_runner  # pylint: disable=g-import-not-at-top
+    cfg = self.cfg
+    n = cfg.eval_episodes * max(1, len(self.tracker.tasks))
+    result = make_runner(cfg.env.name, n, HELD_OUT_SEED + cfg.seed, RunEnv.of_run(cfg)).run(
+        self.policy, jax.device_get(self.state.params))
+    rate = result.get("success_rate")
+    tqdm.tqdm.write(f"{when} evaluation ({n} episodes): success {'n/a' if rate is None else f'{rate:.2f}'}, "
+                    f"return {result['episode_return']:.1f}")
+    return result
 
   def checkpoint(self) -> None:
     if any(x.is_deleted() for x in jax.tree.leaves(self.state)):
@@ -476,6 +493,7 @@ class Trainer:
             "best_success_rate": _finite_or_none(self.best_success_rate),
             **({"best_success_rate_by_task": dict(self.best_success_by_task)} if self.tracker.tasks else {}),
             "stale_dropped": self.stale_dropped, "force_started": self.force_started, "env_seed": self.env_seed,
+            **({"start_eval": self.start_eval} if self.start_eval is not None else {}),
             "episodes": self.tracker.state_dict(), "sampler_calls": self.sampler.calls}
     with interrupts.uninterruptible():
       self.checkpointer.save(env_steps, self.state, meta)
@@ -618,6 +636,7 @@ class Trainer:
     self._release(raise_errors=True)  # The checkpointer waits for its writes here.
     elapsed = time.time() - self.start_time
     stages = self.clock.snapshot()
+    final_eval = self.evaluate("final") if self.cfg.eval_episodes > 0 else None  # Not in the run's rates.
     summary = {
         "env": self.cfg.env.name,
         "policy": self.cfg.policy.name,
@@ -642,6 +661,7 @@ class Trainer:
         "env_seed": self.env_seed,
         "startup_s": self.startup_s,
         "stage_busy": {k: v / max(elapsed, 1e-9) for k, v in stages.items()},
+        **({"start_eval": self.start_eval, "final_eval": final_eval} if final_eval is not None else {}),
     }
     write_json(os.path.join(self.workdir, "summary.json"), summary)
     title = f"{self.cfg.env.name} · {self.cfg.policy.name} · {self.cfg.scheduler}"

@@ -48,6 +48,9 @@ class TrainState:
   # Reward normalisation (ebrl/normalizer.py ReturnNorm): each env's discounted return so far and
   # running statistics of it; rewards are divided by their std while algorithm.reward_norm is on.
   reward_norm: Any = None
+  # Fine-tuning with algorithm.ref_kl_coef > 0: the params the run started from (its warm start),
+  # frozen; the update's KL penalty is taken against them. None otherwise.
+  reference: Any = None
 
 
 @flax.struct.dataclass

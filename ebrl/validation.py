@@ -156,7 +156,7 @@ def validate(cfg, num_devices: int | None) -> None:
   _check_placement(cfg, device)
   _check_render_stage(cfg)
   _check_policy(cfg)
-  _check_grpo_and_warm_start(cfg, device)
+  _check_grpo_and_fine_tuning(cfg, device)
   for name in ("shift_at_s", "shift_sim_us"):
     _non_negative(f"env.{name}", cfg.env[name])
   if any(h <= 0 for h in cfg.policy.hidden):
@@ -208,7 +208,7 @@ def _check_env(cfg) -> None:
   _non_negative("env.straggler_step_ms", e.straggler_step_ms)
 
 
-def _check_grpo_and_warm_start(cfg, device: bool) -> None:
+def _check_grpo_and_fine_tuning(cfg, device: bool) -> None:
   if cfg.algorithm.name == "grpo":
     g = cfg.algorithm.group_size
     if not isinstance(g, int) or isinstance(g, bool) or g < 2:
@@ -222,6 +222,17 @@ def _check_grpo_and_warm_start(cfg, device: bool) -> None:
     if device or is_multitask(cfg.env.name):
       raise UserError(f"algorithm.name=grpo needs one EnvPool with per-env seeds; env '{cfg.env.name}' "
                       "is not supported")
+  a = cfg.algorithm
+  _integer_at_least("algorithm.critic_warmup_updates", a.critic_warmup_updates, 0,
+                    " (updates that train only the critic; 0 = none)")
+  _non_negative("algorithm.ref_kl_coef", a.ref_kl_coef, " (0 = no KL penalty)")
+  if a.ref_kl_coef > 0 and not cfg.warm_start:
+    raise UserError(f"algorithm.ref_kl_coef={a.ref_kl_coef} penalises divergence from the warm-start policy, but "
+                    "warm_start is empty; set --config.warm_start=<launch.sft --out dir> or ref_kl_coef=0")
+  if a.ref_kl_coef > 0 and a.obs_norm_update == "every_step":
+    raise UserError(f"algorithm.ref_kl_coef={a.ref_kl_coef} needs raw observations in the batch; "
+                    "algorithm.obs_norm_update='every_step' stores them normalised (valid with it: after, before)")
+  _integer_at_least("eval_episodes", cfg.eval_episodes, 0, " (evaluation episodes at start and end; 0 = none)")
   if cfg.warm_start and not os.path.isdir(cfg.warm_start):
     raise UserError(f"warm_start='{cfg.warm_start}' is not a directory; give a launch.train workdir (or one of "
                     "its checkpoints) or a launch.sft --out directory")

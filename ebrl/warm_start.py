@@ -24,6 +24,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from policies.base import key_name
+
 Params = Any
 
 PARAMS_DIR = "params"  # save_params: <dir>/params is the Orbax item.
@@ -31,14 +33,6 @@ META_FILE = "bc.json"
 
 
 # ----------------------------------------------------------------------------- params on disk
-
-
-def key_name(k) -> str:
-  """A pytree path entry's name (dict key, attribute name or sequence index)."""
-  for attr in ("key", "name", "idx"):
-    if hasattr(k, attr):
-      return str(getattr(k, attr))
-  return str(k)
 
 
 def _leaf_shapes(tree) -> dict[str, tuple[int, ...]]:

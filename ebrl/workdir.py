@@ -19,7 +19,7 @@ _RUN_FILES = (CONFIG_FILE, "metrics.jsonl", "summary.json")
 
 # Keys a resumed run may change: budgets, logging, and how the same work is placed and batched.
 RESUMABLE_KEYS = ("total_env_steps", "target_success", "resume", "warm_start", "log_every_s",
-                  "checkpoint_every_s", "keep_checkpoints", "env.num_threads", "resources", "quotas.",
+                  "checkpoint_every_s", "keep_checkpoints", "eval_episodes", "env.num_threads", "resources", "quotas.",
                   "ebrl.num_groups", "ebrl.recv_batch", "ebrl.max_gen_batch", "ebrl.max_wait_ms", "devices.")
 
 

@@ -121,3 +121,22 @@ def check_compatible(policy_name: str, needs: tuple[str, ...], spec: EnvSpec) ->
     raise IncompatibleObservationError(
         f"policy '{policy_name}' needs observation key(s) {missing} but env '{spec.name}' gives {gives}"
         + (f"; {hints}" if hints else ""))
+
+
+def key_name(k) -> str:
+  """A pytree path entry's name (dict key, attribute name or sequence index)."""
+  for attr in ("key", "name", "idx"):
+    if hasattr(k, attr):
+      return str(getattr(k, attr))
+  return str(k)
+
+
+# Names of the modules that hold a policy's critic: the value torso of mlp, cnn and flow, the value
+# head of vla. Everything else under params["net"] (encoders shared with the actor included) acts.
+CRITIC_MODULES = ("critic", "value_head")
+
+
+def critic_mask(net: Params) -> Params:
+  """A tree like params["net"] of bools: True on the critic's leaves. A critic warm-up trains only
+  these, so the acting policy (and whatever the critic shares with it) stays bit-identical."""
+  return jax.tree_util.tree_map_with_path(lambda path, _: any(key_name(k) in CRITIC_MODULES for k in path), net)

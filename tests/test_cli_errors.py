@@ -112,6 +112,10 @@ CASES = {
     "grpo_group_not_dividing": (["--config.algorithm.name=grpo", "--config.num_envs=32", "--config.algorithm.group_size=5"],
                                 "group_size=5 must divide num_envs=32"),
     "missing_warm_start": (["--config.warm_start=nope"], "warm_start='nope'"),
+    "kl_penalty_without_warm_start": (["--config.algorithm.ref_kl_coef=0.1"],
+                                      ("ref_kl_coef=0.1", "warm_start is empty", "--config.warm_start=")),
+    "negative_critic_warmup": (["--config.algorithm.critic_warmup_updates=-1"],
+                               "critic_warmup_updates=-1 must be an integer >= 0"),
     "render_stage_without_pixels": (["--config.env.render_stage=True"], "needs env.from_pixels=True"),
     "missing_profile": (["--config.scheduler=ebrl", "--config.quotas.profile=nope.json"], "quotas.profile='nope.json'"),
 }

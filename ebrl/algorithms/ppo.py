@@ -9,6 +9,9 @@ Decoupled PPO (for stale samples, as in AReaL): the ratio is taken against the
 weighted by the behaviour importance weight prox / behaviour, capped at
 `behaviour_weight_clip`. When the samples are on-policy the proximal and
 behaviour log-probs are the same, the weight is 1 and this is plain PPO.
+
+Fine-tuning a pre-trained policy can add `kl_to_reference`, a penalty on the
+policy's divergence from the one it started from (as RLHF and VLA PPO recipes do).
 """
 
 from __future__ import annotations
@@ -77,3 +80,19 @@ def ppo_loss(cfg: PPOConfig, logp: jax.Array, entropy: jax.Array, value: jax.Arr
       "clip_fraction": masked_mean((jnp.abs(ratio - 1.0) > cfg.clip_eps).astype(jnp.float32), mask),
   }
   return loss, metrics
+
+
+# Bound on the log ratio inside kl_to_reference's exp: a sample the reference finds far likelier than
+# the policy would overflow float32 and take the minibatch with it.
+MAX_REFERENCE_LOG_RATIO = 20.0
+
+
+def kl_to_reference(logp: jax.Array, ref_logp: jax.Array, mask: jax.Array) -> jax.Array:
+  """KL(policy || reference) estimated on the batch's actions, all inputs [B]: the mean over valid
+  samples of exp(d) - d - 1 with d = ref_logp - logp (Schulman's "k3": never negative per sample,
+  unbiased for actions drawn from the policy, and of low variance). Sample-based, so it serves every
+  policy whose `evaluate` gives log-probs (a Gaussian, vla's tokens, flow's chain) alike; its
+  gradient is zero where the two agree, so a policy at its reference trains as without it."""
+  keep = mask > 0
+  d = jnp.where(keep, jnp.clip(ref_logp - logp, -MAX_REFERENCE_LOG_RATIO, MAX_REFERENCE_LOG_RATIO), 0.0)
+  return masked_mean(jnp.exp(d) - d - 1.0, mask.astype(jnp.float32))

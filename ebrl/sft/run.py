@@ -24,7 +24,7 @@ from ebrl import warm_start
 from ebrl import workdir as workdir_lib
 from ebrl.demos import open_demos
 from ebrl.errors import UserError
-from ebrl.evaluation import HostRunner, RunEnv
+from ebrl.evaluation import HELD_OUT_SEED, HostRunner, RunEnv
 from ebrl.sft import data as data_lib
 from ebrl.sft.losses import LOSS_NAMES
 from ebrl.sft.train import SFTConfig, train
@@ -42,7 +42,7 @@ class SFTRun:
   out: str
   train: SFTConfig = SFTConfig()
   eval_episodes: int = 10  # Per task.
-  eval_seed: int = 1_000_003
+  eval_seed: int = HELD_OUT_SEED
   progress: bool = True
 
 

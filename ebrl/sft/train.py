@@ -22,7 +22,7 @@ import optax
 import tqdm
 
 from ebrl.sft.losses import loss_for
-from ebrl.warm_start import key_name
+from policies.base import key_name
 
 Params = Any
 

@@ -1,0 +1,246 @@
+"""RL fine-tuning of a pre-trained policy: critic warm-up, the KL penalty toward the warm start, and the
+start / final evaluation a fine-tuning run's summary.json reports.
+
+The penalty is checked against an independent computation: the reference loss of
+tests/test_learner.py plus k3 = exp(d) - d - 1 (d = reference log-prob - log-prob)
+written out here, differentiated by jax.grad and stepped by the NumPy Adam there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ebrl import warm_start
+from ebrl.learner import Learner, with_reference
+from policies.base import critic_mask
+from policies.cnn import CNNPolicy
+from policies.flow import FlowPolicy
+from policies.mlp import MLPPolicy
+from policies.vla import VLAPolicy
+from sim_adapters.base import EnvSpec, ObsSpec
+
+from test_learner import CFG, N, OBS_DIM, ACTION_DIM, T, NumpyAdam, assert_tree_close, device, host, make_rollout, \
+    ref_gae, ref_loss, tiny_spec  # pylint: disable=g-bad-import-order
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _full_precision_matmuls():
+  with jax.default_matmul_precision("highest"):
+    yield
+
+
+@pytest.fixture(scope="module")
+def policy():
+  return MLPPolicy(tiny_spec(), hidden=(16, 16))
+
+
+def _leaves(tree, mask, want: bool) -> list[np.ndarray]:
+  return [np.asarray(x) for x, m in zip(jax.tree.leaves(tree), jax.tree.leaves(mask)) if m == want]
+
+
+def _same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
+  return all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+# ----------------------------------------------------------------------------- which leaves are the critic
+
+
+def test_critic_mask_names_each_policys_critic_and_nothing_else():
+  """mlp, cnn and flow keep their value torso under "critic", vla its value head under "value_head";
+  attention's own "value" projection (vla) and shared encoders act, so they are not the critic's."""
+  state = EnvSpec(name="tiny", obs={"state": ObsSpec((6,), np.float32)}, action_dim=4,
+                  action_low=-np.ones(4, np.float32), action_high=np.ones(4, np.float32), max_episode_steps=10,
+                  has_success=False)
+  pixels = dataclasses.replace(state, obs={**state.obs, "pixels": ObsSpec((16, 16, 3), np.uint8)})
+  policies = {"mlp": MLPPolicy(state, hidden=(8,)), "cnn": CNNPolicy(pixels, channels=(4,), hidden=(8,)),
+              "flow": FlowPolicy(state, hidden=(8,), critic_hidden=(8,)),
+              "vla": VLAPolicy(state, chunk_size=1, bins=8, width=16, depth=1, heads=2)}
+  for name, p in policies.items():
+    net = jax.eval_shape(p.init, jax.random.key(0))["net"]
+    paths = ["/".join(warm_start.key_name(k) for k in path) for path, _ in jax.tree_util.tree_flatten_with_path(net)[0]]
+    mask = dict(zip(paths, jax.tree.leaves(critic_mask(net))))
+    critic = {q for q, m in mask.items() if m}
+    expected = {q for q in paths if q.split("/")[0] == ("value_head" if name == "vla" else "critic")}
+    assert critic == expected and critic and len(critic) < len(paths), (name, critic)
+
+
+# ----------------------------------------------------------------------------- critic warm-up
+
+
+def test_critic_warmup_trains_only_the_critic_then_everything(policy):
+  """For critic_warmup_updates updates every leaf but the critic's, and the observation statistics,
+  are bit-identical (what acts is unchanged); the critic learns meanwhile; the next update moves the
+  actor, and its Adam state started clean (zero gradients leave zero moments)."""
+  cfg = dataclasses.replace(CFG, epochs=2, num_minibatches=2, critic_warmup_updates=2)
+  learner = Learner(policy, cfg)
+  state0 = host(learner.init(jax.random.key(0)))
+  mask = critic_mask(state0.params["net"])
+  state, flags = state0, []
+  for i in range(3):
+    rollout = make_rollout(policy, state.params, seed=10 + i, p_end=0.2)
+    new, metrics = learner.update(device(state), rollout)
+    new = host(new)
+    flags.append(float(metrics["critic_warmup"]))
+    if i < 2:
+      assert _same(_leaves(new.params["net"], mask, False), _leaves(state0.params["net"], mask, False))
+      assert _same(jax.tree.leaves(new.params["obs_norm"]), jax.tree.leaves(state0.params["obs_norm"]))
+      assert not _same(_leaves(new.params["net"], mask, True), _leaves(state.params["net"], mask, True))
+      adam = new.opt_state[1].inner_state[0]
+      assert all(not np.any(np.asarray(m)) for m in _leaves(adam.mu, mask, False))
+    else:
+      assert not any(np.array_equal(a, b) for a, b in zip(_leaves(new.params["net"], mask, False),
+                                                          _leaves(state.params["net"], mask, False))
+                     if a.size > 1)
+      assert not _same(jax.tree.leaves(new.params["obs_norm"]), jax.tree.leaves(state.params["obs_norm"]))
+    state = new
+  assert flags == [1.0, 1.0, 0.0]
+
+
+# ----------------------------------------------------------------------------- KL penalty toward the warm start
+
+
+def _k3(logp, ref_logp, w):
+  d = ref_logp - logp
+  return jnp.sum(w * (jnp.exp(d) - d - 1.0))
+
+
+def _perturbed(params, scale, seed):
+  """Params whose actor differs from `params`: the reference a fine-tuning run started from."""
+  keys = iter(jax.random.split(jax.random.key(seed), len(jax.tree.leaves(params["net"]))))
+  net = jax.tree.map(lambda x: np.asarray(x + scale * jax.random.normal(next(keys), x.shape), np.float32),
+                     params["net"])
+  return {**params, "net": net}
+
+
+def test_kl_penalty_update_matches_reference(policy):
+  """One full-batch step with ref_kl_coef: the reported ref_kl is k3 over the valid samples, and the
+  net after the step is the hand-written loss (PPO + coef * k3) stepped by NumPy's Adam."""
+  coef = 0.7
+  cfg = dataclasses.replace(CFG, epochs=1, num_minibatches=1, ref_kl_coef=coef)
+  learner = Learner(policy, cfg)
+  state0 = host(learner.init(jax.random.key(0)))
+  reference = _perturbed(state0.params, 0.3, seed=1)
+  state0 = state0.replace(reference=reference)
+  ro = make_rollout(policy, state0.params, seed=3, p_end=0.2)
+  new, metrics = learner.update(device(state0), ro)
+
+  adv, ret = ref_gae(ro.rewards * cfg.reward_scale, ro.values, ro.terminated, ro.done, cfg.gamma, cfg.gae_lambda)
+  f32 = lambda x: np.asarray(x, np.float32)
+  batch = dict(obs=ro.obs["state"][:T].reshape(T * N, OBS_DIM), actions=ro.actions[:T].reshape(T * N, ACTION_DIM),
+               logp=ro.logp.reshape(-1), values=ro.values[:-1].reshape(-1), adv=f32(adv.reshape(-1)),
+               returns=f32(ret.reshape(-1)), mask=f32(ro.valid.reshape(-1)))
+  ref_logp, _, _ = policy.evaluate(reference, {"state": batch["obs"]}, batch["actions"])
+  w = batch["mask"] / batch["mask"].sum()
+
+  def loss(net, stats):
+    base, _ = ref_loss(net, stats, batch, policy, cfg.ppo)
+    logp, _, _ = policy.evaluate({"net": net, "obs_norm": stats}, {"state": batch["obs"]}, batch["actions"])
+    kl = _k3(logp, ref_logp, w)
+    return base + coef * kl, kl
+
+  net, stats = state0.params["net"], state0.params["obs_norm"]
+  (_, kl), grads = jax.value_and_grad(loss, has_aux=True)(net, stats)
+  assert float(kl) > 1e-3
+  assert float(metrics["ref_kl"]) == pytest.approx(float(kl), rel=1e-5)
+  adam = NumpyAdam(jax.tree.leaves(net), cfg.learning_rate, cfg.max_grad_norm)
+  leaves, _ = adam.step(jax.tree.leaves(net), jax.tree.leaves(grads))
+  expected = jax.tree.unflatten(jax.tree.structure(net), [f32(x) for x in leaves])
+  assert_tree_close(host(new).params["net"], expected, atol=1e-6)
+  # The reference is carried along untouched.
+  assert_tree_close(host(new).reference, reference, atol=0.0, rtol=0.0)
+
+
+def test_kl_penalty_at_the_reference_changes_nothing_and_pulls_back_elsewhere(policy):
+  """At its reference the penalty is 0 with a zero gradient, so the update is PPO's; away from it a
+  large coefficient moves the policy toward the reference (its k3 falls)."""
+  base_cfg = dataclasses.replace(CFG, epochs=1, num_minibatches=1)
+  plain = Learner(policy, base_cfg)
+  state0 = host(plain.init(jax.random.key(0)))
+  ro = make_rollout(policy, state0.params, seed=4, p_end=0.2)
+  penalised = Learner(policy, dataclasses.replace(base_cfg, ref_kl_coef=1.0))
+  expected, _ = plain.update(device(state0), ro)
+  got, metrics = penalised.update(device(state0.replace(reference=state0.params)), ro)
+  assert float(metrics["ref_kl"]) == 0.0
+  assert_tree_close(host(got).params["net"], host(expected).params["net"], atol=1e-7)
+
+  reference = _perturbed(state0.params, 0.3, seed=2)
+  strong = Learner(policy, dataclasses.replace(base_cfg, epochs=8, ref_kl_coef=50.0, learning_rate=1e-2))
+  after, first = strong.update(device(state0.replace(reference=reference)), ro)
+  again, second = strong.update(after, ro)
+  assert float(second["ref_kl"]) < 0.5 * float(first["ref_kl"])
+
+
+def test_warm_start_reference_is_a_copy_the_update_can_donate(policy, tmp_path):
+  """A warm start sets params and reference to the loaded params, in buffers of their own: the
+  update donates the state without XLA seeing one buffer twice, and the reference stays."""
+  learner = Learner(policy, dataclasses.replace(CFG, ref_kl_coef=0.5))
+  state = learner.init(jax.random.key(0))
+  pre = _perturbed(host(state).params, 0.1, seed=5)
+  warm_start.save_params(str(tmp_path / "sft"), pre)
+  loaded = warm_start.load_params(str(tmp_path / "sft"), state.params)
+  state = with_reference(state, loaded)
+  assert all(a.unsafe_buffer_pointer() != b.unsafe_buffer_pointer()
+             for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(state.reference)))
+  ro = make_rollout(policy, pre, seed=6, p_end=0.2)
+  new, _ = learner.update(state, ro)
+  assert_tree_close(host(new).reference, pre, atol=0.0, rtol=0.0)
+  # Without a penalty no reference is kept.
+  assert with_reference(Learner(policy, CFG).init(jax.random.key(0)), loaded).reference is None
+
+
+# ----------------------------------------------------------------------------- a fine-tuning run, end to end
+
+
+def test_fine_tuning_run_reports_start_and_final_success_per_task(tmp_path):
+  """launch.train from a launch.sft-style directory with critic warm-up, a KL penalty and evaluation:
+  summary.json has the starting and the final evaluation per task; the first update's metrics row
+  reports the warm-up; the checkpoint keeps the reference, so a resumed run penalises toward it."""
+  env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
+  name = "MetaWorld/MT:Reach-v3,Push-v3"
+  sys.path.insert(0, ROOT)
+  from ebrl import defaults  # pylint: disable=g-import-not-at-top
+  from policies import make_policy  # pylint: disable=g-import-not-at-top
+  from sim_adapters import make_adapter  # pylint: disable=g-import-not-at-top
+  cfg = defaults.get_config()
+  cfg.policy.hidden = (16, 16)
+  adapter = make_adapter(name, 2, seed=0)
+  spec = adapter.spec
+  adapter.close()
+  pre = make_policy("mlp", spec, cfg.policy).init(jax.random.key(7))
+  warm_start.save_params(str(tmp_path / "sft"), pre)
+  args = [f"--config.env.name={name}", "--config.num_envs=4", "--config.rollout_length=8",
+          "--config.total_env_steps=96", "--config.env.max_episode_steps=12", "--config.policy.hidden=(16,16)",
+          "--config.algorithm.num_minibatches=2", "--config.algorithm.epochs=1",
+          "--config.algorithm.critic_warmup_updates=1", "--config.algorithm.ref_kl_coef=0.1",
+          "--config.eval_episodes=2", f"--config.warm_start={tmp_path / 'sft'}", f"--workdir={tmp_path / 'run'}",
+          "--progress=false"]
+  proc = subprocess.run([sys.executable, "-m", "launch.train", *args], cwd=ROOT, env=env, capture_output=True,
+                        text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+  for when in ("start_eval", "final_eval"):
+    ev = summary[when]
+    assert ev["episodes"] == 4 and set(ev["success_rate_by_task"]) == {"Reach-v3", "Push-v3"}, ev
+    assert all(0.0 <= v <= 1.0 for v in ev["success_rate_by_task"].values())
+  assert "start evaluation (4 episodes)" in proc.stdout + proc.stderr
+  rows = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+  trained = [r for r in rows if "critic_warmup" in r]
+  assert trained and trained[-1]["critic_warmup"] == 0.0 and "ref_kl" in trained[-1]
+  # The checkpoint holds the reference: the warm-start params, untouched by training.
+  ckpt = tmp_path / "run" / "checkpoints"
+  step = max(int(d) for d in os.listdir(ckpt) if d.isdigit())
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  tree = ocp.PyTreeCheckpointer().restore(str(ckpt / str(step) / "state"))
+  saved = tree["reference"]["net"]["actor"]["Dense_0"]["kernel"]
+  assert np.array_equal(np.asarray(saved), np.asarray(pre["net"]["actor"]["Dense_0"]["kernel"]))

@@ -244,3 +244,29 @@ def test_fine_tuning_run_reports_start_and_final_success_per_task(tmp_path):
   tree = ocp.PyTreeCheckpointer().restore(str(ckpt / str(step) / "state"))
   saved = tree["reference"]["net"]["actor"]["Dense_0"]["kernel"]
   assert np.array_equal(np.asarray(saved), np.asarray(pre["net"]["actor"]["Dense_0"]["kernel"]))
+
+
+# ----------------------------------------------------------------------------- the larger vla preset
+
+
+def test_vla_large_preset_is_a_valid_run_of_the_documented_size():
+  """launch/configs/vla_large.py validates as a run and builds a vla of width 256, depth 4 (several
+  times the default's parameters), on MT10 with its instructions."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  from ebrl import defaults, validation  # pylint: disable=g-import-not-at-top
+  from policies import make_policy  # pylint: disable=g-import-not-at-top
+  from sim_adapters import make_adapter  # pylint: disable=g-import-not-at-top
+  spec = importlib.util.spec_from_file_location("vla_large", os.path.join(ROOT, "launch", "configs", "vla_large.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  cfg = module.get_config()
+  validation.validate(cfg, num_devices=1)
+  assert (cfg.env.name, cfg.policy.name, cfg.policy.width, cfg.policy.depth) == ("MetaWorld/MT10", "vla", 256, 4)
+  adapter = make_adapter(cfg.env.name, cfg.num_envs, seed=0, chunk_size=cfg.policy.chunk_size)
+  env_spec = adapter.spec
+  adapter.close()
+  count = lambda c: sum(int(np.prod(x.shape)) for x in jax.tree.leaves(
+      jax.eval_shape(make_policy("vla", env_spec, c.policy).init, jax.random.key(0))["net"]))
+  small = defaults.get_config()
+  small.policy.chunk_size = cfg.policy.chunk_size
+  assert count(cfg) > 8 * count(small)

@@ -30,14 +30,9 @@ from sim_adapters.base import EnvSpec, ObsSpec
 
 from test_learner import CFG, N, OBS_DIM, ACTION_DIM, T, NumpyAdam, assert_tree_close, device, host, make_rollout, \
     ref_gae, ref_loss, tiny_spec  # pylint: disable=g-bad-import-order
+from test_learner import _full_precision_matmuls  # pylint: disable=unused-import  # Autouse here too.
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _full_precision_matmuls():
-  with jax.default_matmul_precision("highest"):
-    yield
 
 
 @pytest.fixture(scope="module")

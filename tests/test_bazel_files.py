@@ -18,6 +18,12 @@ sys.path.insert(0, os.path.join(ROOT, "third_party"))
 import bazel_targets  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
+@pytest.fixture(scope="module")
+def generated() -> dict[str, str]:
+  """What the generator writes now (it parses every module: about 20 s here), once for this file."""
+  return bazel_targets.build_files()
+
+
 def _pins(path: str) -> dict[str, str]:
   out = {}
   for line in open(path):
@@ -28,14 +34,14 @@ def _pins(path: str) -> dict[str, str]:
   return out
 
 
-def test_build_files_are_the_generated_ones():
-  stale = [rel for rel, text in bazel_targets.build_files().items()
+def test_build_files_are_the_generated_ones(generated):
+  stale = [rel for rel, text in generated.items()
            if not os.path.exists(os.path.join(ROOT, rel)) or open(os.path.join(ROOT, rel)).read() != text]
   assert not stale, f"stale BUILD files {stale}: run python third_party/bazel_targets.py"
 
 
-def test_every_module_and_entry_point_has_a_target():
-  files = bazel_targets.build_files()
+def test_every_module_and_entry_point_has_a_target(generated):
+  files = generated
   for package in bazel_targets.PACKAGES:
     for dirpath, _, names in os.walk(os.path.join(ROOT, package)):
       if "__pycache__" in dirpath:
@@ -52,11 +58,11 @@ def test_every_module_and_entry_point_has_a_target():
   assert 'name = "fast"' in files[os.path.join("tests", "BUILD")]
 
 
-def test_init_targets_need_no_cycle():
+def test_init_targets_need_no_cycle(generated):
   """A package whose init imports two of its modules that do not import each other (sim_adapters:
   base and tasks) built a cycle init -> base -> init before: those modules are now the init's own
   sources, and no module target of a package names another of its init's sources."""
-  files = bazel_targets.build_files()
+  files = generated
   build = files[os.path.join("sim_adapters", "BUILD")]
   assert 'name = "init",\n    srcs = ["__init__.py", "base.py", "tasks.py"]' in build
   for target in ("base", "tasks"):
@@ -93,10 +99,10 @@ def test_deps_follow_imports(module, expected, expected_pip):
   assert expected <= labels and expected_pip <= pip, (labels, pip)
 
 
-def test_the_sources_filegroup_names_every_package():
+def test_the_sources_filegroup_names_every_package(generated):
   """//:sources is what test_docs and test_import_graph read under Bazel: a package missing from it
   is invisible there (its modules look unmapped, its paths absent)."""
   text = open(os.path.join(ROOT, "BUILD")).read()
   listed = set(re.findall(r'"//([a-z_/]+):srcs"', text))
-  packages = {os.path.dirname(p) for p in bazel_targets.build_files()} - set(bazel_targets.SCRIPT_DIRS)
+  packages = {os.path.dirname(p) for p in generated} - set(bazel_targets.SCRIPT_DIRS)
   assert packages - listed == set(), "add them to //:sources in BUILD"

@@ -215,10 +215,10 @@ def _package_build(graph: Graph, directory: str) -> str:
     labels, pip = graph.deps(module)
     if package is not None:
       labels.add(graph.label(package))
-    # The modules the init imports when it runs are part of `:init` (which every module here
-    # depends on), so naming them again would only add edges, and two of them that do not import
-    # each other would otherwise form a cycle through the init.
-    labels -= init_time_local - {graph.label(module)} if graph.label(module) in init_time_local else set()
+    if graph.label(module) in init_time_local:
+      # Its siblings among the init's sources come with `:init`; naming them again would close a
+      # cycle through the init when two of them do not import each other.
+      labels -= init_time_local - {graph.label(module)}
     deps = _dep_list(graph, directory, labels, pip)
     data = DATA.get(rel)
     data = [f'"{d}"' for d in data] if data else None

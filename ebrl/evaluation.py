@@ -44,6 +44,14 @@ class FirstEpisodes:
     self.ret[new], self.length[new], self.success[new] = ret[new], length[new], success[new]
     self.seen |= new
 
+  @classmethod
+  def concatenate(cls, parts: list["FirstEpisodes"]) -> "FirstEpisodes":
+    """The envs of `parts` as one set, in order."""
+    out = cls(sum(p.seen.size for p in parts))
+    for name in ("ret", "length", "success", "seen"):
+      setattr(out, name, np.concatenate([getattr(p, name) for p in parts]))
+    return out
+
   @property
   def complete(self) -> bool:
     return bool(self.seen.all())
@@ -125,37 +133,76 @@ def check_same_observations(trained: EnvSpec, spec: EnvSpec) -> None:
                     f"{trained.action_dim} actions); '{spec.name}' gives obs {shapes(spec)}, {spec.action_dim} actions")
 
 
+# At most this many host envs exist at once in an evaluation: a MetaWorld env holds about 19 MB, so
+# 50 episodes per task on MT50 (2,500 envs) would need 47 GB at once. Larger evaluations run in
+# rounds of this many envs (a whole number per task), each on seeds of its own.
+MAX_HOST_EVAL_ENVS = 500
+# Seed offset between rounds: past the seeds one round's pools use (seed + 1000 k + env, k < 1000 tasks).
+ROUND_SEED_STRIDE = 1_000_000
+
+
+def eval_rounds(n: int, num_tasks: int, max_envs: int = MAX_HOST_EVAL_ENVS) -> list[int]:
+  """Env counts of the rounds that run n one-episode envs, each round a multiple of num_tasks but the
+  last (the rest: a round of its own with at least one env per task, else part of the one before),
+  so every round spreads its envs over the tasks as training does."""
+  per_round = max(num_tasks, max_envs // num_tasks * num_tasks)
+  full, rest = divmod(n, per_round)
+  rounds = [per_round] * full
+  if rest >= num_tasks or not rounds:
+    rounds.append(rest)
+  elif rest:
+    rounds[-1] += rest
+  return rounds
+
+
 class HostRunner:
   """One episode per env on the run's own kind of EnvPool adapter, stepped synchronously.
 
   With action chunks a step is one chunk per env, and episode_length counts
-  decisions, as training's metrics do.
+  decisions, as training's metrics do. More than MAX_HOST_EVAL_ENVS envs run in
+  rounds (`eval_rounds`), round r's pools seeded seed + r * ROUND_SEED_STRIDE.
   """
 
-  def __init__(self, name: str, n: int, seed: int, run_env: RunEnv = RunEnv()):
+  def __init__(self, name: str, n: int, seed: int, run_env: RunEnv = RunEnv(),
+               max_envs: int = MAX_HOST_EVAL_ENVS):
     from sim_adapters import make_adapter, multitask_tasks
-    from sim_adapters.multitask import env_task_ids
-    self.adapter = make_adapter(name, n, seed=seed, **run_env.adapter_kwargs())
-    self.spec, self.n, self.seed = self.adapter.spec, n, seed
+    self.name, self.n, self.seed, self.run_env = name, n, seed, run_env
     self.tasks = multitask_tasks(name) or ()
-    self.env_tasks = env_task_ids(n, len(self.tasks)) if self.tasks else None
+    self.rounds = eval_rounds(n, max(1, len(self.tasks)), max_envs)
+    # The first round's adapter is built here, so a bad env fails before any policy runs.
+    self.adapter = make_adapter(name, self.rounds[0], seed=seed, **run_env.adapter_kwargs())
+    self.spec = self.adapter.spec
 
   def run(self, policy, params) -> dict:
-    from ebrl.acting import host_step
     from ebrl.param_store import ParamStore
-    from ebrl.sampler import Sampler
-    from sim_adapters.base import gather_all
+    from sim_adapters import make_adapter
+    from sim_adapters.multitask import env_task_ids
 
     store = ParamStore()
     store.publish_params(params, 0)
-    sampler = Sampler(policy, self.spec, store, seed=self.seed)
-    first = FirstEpisodes(self.n)
-    ret, length, succ = np.zeros(self.n), np.zeros(self.n, np.int64), np.zeros(self.n)
-    self.adapter.reset()
-    obs = gather_all(self.adapter, self.n).obs
+    firsts, env_tasks = [], []
+    for r, size in enumerate(self.rounds):
+      seed = self.seed + r * ROUND_SEED_STRIDE
+      adapter = self.adapter if r == 0 else make_adapter(self.name, size, seed=seed, **self.run_env.adapter_kwargs())
+      firsts.append(self._one_round(adapter, size, policy, store, seed))
+      if self.tasks:
+        env_tasks.append(env_task_ids(size, len(self.tasks)))
+    first = FirstEpisodes.concatenate(firsts)
+    return first.summary(self.spec.has_success, self.tasks, np.concatenate(env_tasks) if self.tasks else None)
+
+  def _one_round(self, adapter, n: int, policy, store, seed: int) -> "FirstEpisodes":
+    from ebrl.acting import host_step
+    from ebrl.sampler import Sampler
+    from sim_adapters.base import gather_all
+
+    sampler = Sampler(policy, self.spec, store, seed=seed)
+    first = FirstEpisodes(n)
+    ret, length, succ = np.zeros(n), np.zeros(n, np.int64), np.zeros(n)
     try:
+      adapter.reset()
+      obs = gather_all(adapter, n).obs
       while not first.complete:
-        _, _, b = host_step(sampler, self.adapter, obs)
+        _, _, b = host_step(sampler, adapter, obs)
         real = ~b.reset_step
         ret += np.where(real, b.reward, 0.0)
         length += real
@@ -164,8 +211,8 @@ class HostRunner:
         ret[b.done], length[b.done], succ[b.done] = 0.0, 0, 0.0
         obs = b.obs
     finally:
-      self.adapter.close()
-    return first.summary(self.spec.has_success, self.tasks, self.env_tasks)
+      adapter.close()
+    return first
 
 
 class DeviceRunner:

@@ -107,3 +107,35 @@ def test_run_env_of_an_older_config_is_a_plain_state_run():
 def test_device_envs_refuse_host_only_runs(run_env, named):
   with pytest.raises(UserError, match=named):
     evaluation.make_runner("mjx:CartpoleBalance", 2, 0, run_env)
+
+
+def test_eval_rounds_split_into_whole_tasks():
+  assert evaluation.eval_rounds(500, 10) == [500]
+  assert evaluation.eval_rounds(2500, 50) == [500] * 5
+  assert evaluation.eval_rounds(2500, 50, max_envs=480) == [450] * 5 + [250]
+  assert evaluation.eval_rounds(7, 3, max_envs=2) == [3, 4]  # A round holds at least one env per task.
+  assert evaluation.eval_rounds(8, 3, max_envs=6) == [8] and evaluation.eval_rounds(2, 3) == [2]
+
+
+def test_a_large_evaluation_runs_in_rounds_each_on_its_own_seeds():
+  """An MT50-sized evaluation cannot hold all its envs at once (2,500 x ~19 MB): rounds of at most
+  max_envs envs give the episodes, in order, that separate evaluations on the rounds' seeds give."""
+  import jax
+  from policies import make_policy
+
+  env, seed, run_env = "MetaWorld/MT:Reach-v3,Push-v3", 11, evaluation.RunEnv(max_episode_steps=EPISODE_STEPS)
+  cfg = get_config().policy
+  cfg.hidden = (8,)
+  runner = evaluation.HostRunner(env, 6, seed, run_env, max_envs=4)
+  policy = make_policy("mlp", runner.spec, cfg)
+  params = policy.init(jax.random.PRNGKey(0))
+  assert runner.rounds == [4, 2]
+  whole = runner.run(policy, params)
+  parts = [evaluation.HostRunner(env, n, seed + r * evaluation.ROUND_SEED_STRIDE, run_env).run(policy, params)
+           for r, n in enumerate((4, 2))]
+  assert whole["episodes"] == 6
+  assert whole["episode_return"] == pytest.approx((4 * parts[0]["episode_return"] + 2 * parts[1]["episode_return"]) / 6)
+  assert parts[0]["episode_return"] != parts[1]["episode_return"]  # The second round's initial states are its own.
+  by_task = whole["success_rate_by_task"]
+  assert by_task["Reach-v3"] == pytest.approx(
+      (2 * parts[0]["success_rate_by_task"]["Reach-v3"] + parts[1]["success_rate_by_task"]["Reach-v3"]) / 3)

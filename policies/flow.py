@@ -230,6 +230,13 @@ class FlowPolicy(FlatInputs):
     return action, logp, value, {}
 
   def evaluate(self, params: Params, obs: Obs, action: jax.Array):
+    """(logp of the chain, its entropy, value) for actions with any leading axes: a minibatch's [B]
+    or a segment batch's [T, S], which the async learner evaluates whole."""
+    lead = action.shape[:-1]
+    if len(lead) != 1:
+      flat = lambda x: x.reshape((-1,) + x.shape[len(lead):])
+      logp, entropy, value = self.evaluate(params, jax.tree.map(flat, obs), flat(action))
+      return logp.reshape(lead), entropy.reshape(lead), value.reshape(lead)
     obs_x = self.normalized_obs(params, obs)
     b, d, s = obs_x.shape[0], self.chunk_dim, self.steps
     chex.assert_shape(action, (b, self.action_size))

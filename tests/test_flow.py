@@ -54,6 +54,18 @@ def test_sample_evaluate_consistent_and_jit():
   np.testing.assert_allclose(policy.value(params, obs), value, rtol=1e-6)
 
 
+def test_evaluate_takes_a_segment_batchs_leading_axes():
+  """The async learner evaluates a [T, S] segment batch whole: the same numbers as the [T * S] rows."""
+  policy = _policy()
+  params, obs = _params(policy), _obs(12, seed=4)
+  action, _, _, _ = jax.jit(policy.sample)(params, obs, jax.random.key(5))
+  rows = policy.evaluate(params, obs, action)
+  grid = policy.evaluate(params, jax.tree.map(lambda x: x.reshape((3, 4) + x.shape[1:]), obs), action.reshape(3, 4, -1))
+  for r, g in zip(rows, grid):
+    assert g.shape == (3, 4)
+    np.testing.assert_allclose(g.reshape(-1), r, rtol=1e-6, atol=1e-6)
+
+
 def test_first_entries_are_the_final_chunk():
   """With negligible noise the chunk is the Euler ODE from x_0 (entries D:2D), mapped onto the box."""
   policy = _policy(min_log_std=-14.0, init_log_std=-13.0)

@@ -109,3 +109,14 @@ def test_an_unguarded_script_is_not_run_again_by_the_calibration(tmp_path):
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert proc.stdout.count("MAIN RAN") == 1, proc.stdout + proc.stderr[-2000:]
   assert "CALIBRATION the stage calibration process failed (exit code 1)" in proc.stdout
+
+
+def test_a_flow_policy_with_chunks_is_profiled_with_its_own_action_width():
+  """A flow policy's raw action carries its denoising chain beside the env's action (action_size >
+  action_dim); the timed updates and the learner process's buffers are sized by it, so resources=auto
+  can plan a flow run (the synthetic batch once had the env's width and the update refused it)."""
+  cfg = _tiny()
+  cfg.policy.name, cfg.policy.chunk_size, cfg.env.reward_type = "flow", 2, "action"
+  p = profiler.measure(cfg, take_inventory(), seconds=0.05, log=lambda m: None)
+  assert p.train[0]["samples"] == 4 * 8 and p.train[0]["wall_s"] > 0
+  assert p.placement is not None and p.placement["processes_us"] > 0

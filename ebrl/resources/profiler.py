@@ -27,6 +27,7 @@ import numpy as np
 
 from ebrl.layout import RunLayout
 from ebrl.resources.inventory import Inventory
+from policies.base import action_size
 from sim_adapters.tasks import multitask_tasks
 
 _WARMUP_S = 0.2
@@ -365,8 +366,9 @@ def measure_train(learner, spec, horizon: int, segments: list[int], seconds: flo
   import jax
 
   out = []
+  width = action_size(learner.policy, spec)
   for s in segments:
-    batch = _segment_batch(spec, horizon, s)
+    batch = _segment_batch(spec, horizon, s, width)
     box = [learner.init(jax.random.PRNGKey(key_seed))]
 
     def update():
@@ -428,7 +430,7 @@ def measure_placement(learner, sampler, spec, num_envs: int, horizon: int, segme
   """Wall µs of one generation call for every env: alone, beside updates
   looping in a thread, and beside the same updates in a learner process (`remote_factory()` makes
   a RemoteLearner; its updates are driven from a thread here, as a run drives them)."""
-  batch = _segment_batch(spec, horizon, segments)
+  batch = _segment_batch(spec, horizon, segments, action_size(learner.policy, spec))
   one = _gen_call(sampler, spec, num_envs)
   _, wall, _, calls = _timed(one, seconds)
   out = {"batch": num_envs, "alone_us": wall * 1e6 / calls, "threads_us": _beside(learner, batch, one, seconds)[0]}
@@ -449,7 +451,7 @@ def measure_sm_shares(sampler, spec, num_envs: int, horizon: int, segments: int,
   CUDA_MPS_ACTIVE_THREAD_PERCENTAGE): its time per update, and a generation call's time here
   beside it. Both move with the share: the learner's kernels get fewer SMs, and generation's
   compete with fewer of the learner's."""
-  batch = _segment_batch(spec, horizon, segments)
+  batch = _segment_batch(spec, horizon, segments, action_size(sampler.policy, spec))
   one = _gen_call(sampler, spec, num_envs)
   points = []
   for percent in shares:
@@ -462,12 +464,14 @@ def measure_sm_shares(sampler, spec, num_envs: int, horizon: int, segments: int,
   return points
 
 
-def _segment_batch(spec, horizon: int, s: int):
+def _segment_batch(spec, horizon: int, s: int, width: int):
+  """A segment batch of zeros whose actions are `width` wide: the policy's raw action (a flow policy's
+  carries its denoising chain beside the env's action)."""
   from ebrl.types import SegmentBatch
 
   return SegmentBatch(
       obs={k: np.zeros((horizon + 1, s) + v.shape, v.dtype) for k, v in spec.obs.items()},
-      actions=np.zeros((horizon, s, spec.action_dim), np.float32), logp=np.zeros((horizon, s), np.float32),
+      actions=np.zeros((horizon, s, width), np.float32), logp=np.zeros((horizon, s), np.float32),
       rewards=np.zeros((horizon, s), np.float32), terminated=np.zeros((horizon, s), bool),
       done=np.zeros((horizon, s), bool), valid=np.ones((horizon, s), bool),
       version=np.zeros((horizon, s), np.int32))
@@ -573,7 +577,7 @@ def measure(cfg, inventory: Inventory, *, policy=None, spec=None, full: bool = F
 
     remote_spec = LearnerProcessSpec(policy_name=cfg.policy.name, policy_cfg=cfg.policy, env_spec=spec,
                                      learner_cfg=learner.cfg, rollout_length=cfg.rollout_length,
-                                     segments_per_update=segments, action_size=spec.action_dim,
+                                     segments_per_update=segments, action_size=action_size(policy, spec),
                                      priority=learner_priority(cfg))
     needed = shared_memory_bytes(learner, remote_spec)
     if not shm.fits(needed):  # The plan then keeps the learner in the run's process.

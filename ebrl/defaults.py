@@ -98,6 +98,10 @@ def get_config() -> ml_collections.ConfigDict:
       # warm-start params (0 = none).
       critic_warmup_updates=0,
       ref_kl_coef=0.0,
+      # PPO's ratio per "decision" (an action or a chunk) or per "token" (vla: each action token's
+      # ratio clipped on its own; a chunk of 4 x 4 dims is 16 tokens, whose product ratio leaves the
+      # clip range after tiny per-token moves).
+      ratio_level="decision",
   ))
   # scheduler=ebrl: env groups on their own threads, dynamic generation batches, async learner.
   c.ebrl = ml_collections.ConfigDict(dict(

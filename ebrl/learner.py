@@ -105,6 +105,10 @@ class LearnerConfig:
   # the KL penalty toward TrainState.reference (0: no reference is kept).
   critic_warmup_updates: int = 0
   ref_kl_coef: float = 0.0
+  # What PPO's ratio is taken over: "decision" (the whole action or chunk) or "token" (each action
+  # token of a tokenising policy, the vla: ppo_loss clips each token's ratio; target_kl then
+  # bounds the approx KL per token).
+  ratio_level: str = "decision"
   ppo: PPOConfig = PPOConfig()
 
   @classmethod
@@ -119,7 +123,7 @@ class LearnerConfig:
         reward_norm=a.reward_norm, num_envs=layout.num_envs, obs_norm_update=a.obs_norm_update,
         value_norm=a.value_norm, value_norm_count=float(a.value_norm_count), max_staleness=cfg.ebrl.max_staleness,
         algorithm=a.name, group_size=a.group_size,
-        critic_warmup_updates=a.critic_warmup_updates, ref_kl_coef=float(a.ref_kl_coef),
+        critic_warmup_updates=a.critic_warmup_updates, ref_kl_coef=float(a.ref_kl_coef), ratio_level=a.ratio_level,
         correction=a.correction, vtrace_rho_clip=a.vtrace_rho_clip, vtrace_c_clip=a.vtrace_c_clip,
         ppo=PPOConfig(clip_eps=a.clip_eps, value_clip_eps=a.value_clip_eps, vf_coef=a.vf_coef,
                       ent_coef=a.ent_coef, normalize_advantages=a.normalize_advantages,
@@ -343,6 +347,11 @@ class Learner:
     if cfg.ref_kl_coef > 0:  # The reference's log-probs of the batch's actions, once per update.
       ref_logp, _, _ = policy.evaluate(state.reference, ro.obs, ro.actions)
       data["ref_logp"] = flat(jax.lax.stop_gradient(ref_logp))
+    per_token = cfg.ratio_level == "token"
+    evaluate = policy.evaluate_tokens if per_token else policy.evaluate
+    if per_token:  # The proximal policy (the params the update starts from) per action token, once.
+      prox_tokens, _, _ = evaluate(state.params, ro.obs, ro.actions)
+      data["logp"] = flat(jax.lax.stop_gradient(prox_tokens))
     warming_up = state.version < cfg.critic_warmup_updates
     is_critic = critic_mask(state.params["net"])
     num = data["adv"].shape[0]
@@ -351,11 +360,11 @@ class Learner:
     scale.update(_out_of_bounds(getattr(policy, "spec", None), data["actions"], data["mask"]))
 
     def loss_fn(net, params, b):
-      logp, entropy, value = policy.evaluate({**params, "net": net}, b["obs"], b["actions"])
+      logp, entropy, value = evaluate({**params, "net": net}, b["obs"], b["actions"])
       loss, metrics = ppo_loss(ppo_cfg, logp, entropy, value, b["logp"], b["values"], b["adv"], b["returns"],
                                b["mask"], b.get("behaviour_logp"))
       if "ref_logp" in b:
-        metrics["ref_kl"] = kl_to_reference(logp, b["ref_logp"], b["mask"])
+        metrics["ref_kl"] = kl_to_reference(logp.sum(-1) if per_token else logp, b["ref_logp"], b["mask"])
         loss = loss + cfg.ref_kl_coef * metrics["ref_kl"]
       return loss, metrics
 

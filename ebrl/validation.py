@@ -17,6 +17,7 @@ SCHEDULERS = ("sync", "pipelined", "ebrl", "random")
 # Device simulators (mjx:..., brax:...) have no host env stages to pipeline.
 DEVICE_SCHEDULERS = ("sync", "ebrl", "random")
 ALGORITHMS = ("ppo", "grpo")
+RATIO_LEVELS = ("decision", "token")
 LR_SCHEDULES = ("constant", "linear")
 CORRECTIONS = ("decoupled_ppo", "vtrace")
 RESOURCE_MODES = ("off", "auto", "naive", "manual")
@@ -232,6 +233,14 @@ def _check_grpo_and_fine_tuning(cfg, device: bool) -> None:
   if a.ref_kl_coef > 0 and a.obs_norm_update == "every_step":
     raise UserError(f"algorithm.ref_kl_coef={a.ref_kl_coef} needs raw observations in the batch; "
                     "algorithm.obs_norm_update='every_step' stores them normalised (valid with it: after, before)")
+  if a.ratio_level not in RATIO_LEVELS:
+    raise UserError(f"algorithm.ratio_level={a.ratio_level!r} is not one of {', '.join(RATIO_LEVELS)}")
+  if a.ratio_level == "token" and cfg.policy.name != "vla":
+    raise UserError(f"algorithm.ratio_level=token needs a policy whose actions are tokens (vla), got "
+                    f"policy.name='{cfg.policy.name}'; use ratio_level=decision")
+  if a.ratio_level == "token" and a.correction == "vtrace":
+    raise UserError("algorithm.ratio_level=token takes each token's ratio against the update's proximal policy, "
+                    "which correction=vtrace does not use; use correction=decoupled_ppo")
   _integer_at_least("eval_episodes", cfg.eval_episodes, 0, " (evaluation episodes at start and end; 0 = none)")
   if cfg.warm_start and not os.path.isdir(cfg.warm_start):
     raise UserError(f"warm_start='{cfg.warm_start}' is not a directory; give a launch.train workdir (or one of "

@@ -328,11 +328,17 @@ class VLAPolicy:
 
   def evaluate(self, params: Params, obs: Obs, action: jax.Array):
     """(logp of the chunk, sum of per-token categorical entropies, value); tokens come from the float action."""
+    token_logp, entropy, value = self.evaluate_tokens(params, obs, action)
+    return token_logp.sum(-1), entropy, value
+
+  def evaluate_tokens(self, params: Params, obs: Obs, action: jax.Array):
+    """`evaluate` with the log-prob of each action token [..., K*A] instead of their sum: PPO with
+    algorithm.ratio_level="token" clips each token's ratio, as LLM and VLA PPO recipes do."""
     tokens = self.action_tokenizer.to_tokens(action)
     logp_all, value = self.token_logits(params, obs, tokens)
     token_logp = jnp.take_along_axis(logp_all, tokens[..., None], axis=-1)[..., 0]
     entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=(-2, -1))
-    return token_logp.sum(-1), entropy, value
+    return token_logp, entropy, value
 
   def update_normalizer(self, params: Params, obs: Obs, weight: jax.Array) -> Params:
     if "state" not in self.spec.obs:

@@ -116,6 +116,10 @@ CASES = {
                                       ("ref_kl_coef=0.1", "warm_start is empty", "--config.warm_start=")),
     "negative_critic_warmup": (["--config.algorithm.critic_warmup_updates=-1"],
                                "critic_warmup_updates=-1 must be an integer >= 0"),
+    "token_ratios_without_tokens": (["--config.algorithm.ratio_level=token"],
+                                    ("ratio_level=token", "policy.name='mlp'", "ratio_level=decision")),
+    "unknown_ratio_level": (["--config.policy.name=vla", "--config.algorithm.ratio_level=chunk"],
+                            "ratio_level='chunk' is not one of decision, token"),
     "render_stage_without_pixels": (["--config.env.render_stage=True"], "needs env.from_pixels=True"),
     "missing_profile": (["--config.scheduler=ebrl", "--config.quotas.profile=nope.json"], "quotas.profile='nope.json'"),
 }

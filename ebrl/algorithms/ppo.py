@@ -41,11 +41,21 @@ def ppo_loss(cfg: PPOConfig, logp: jax.Array, entropy: jax.Array, value: jax.Arr
              old_logp: jax.Array, old_value: jax.Array, advantages: jax.Array,
              returns: jax.Array, mask: jax.Array,
              behaviour_logp: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """All inputs are [B]; returns (loss, metrics).
+  """All inputs are [B] but logp and old_logp, which may be [B, N]; returns (loss, metrics).
 
   old_logp is the proximal policy's log-prob; behaviour_logp (default: the same)
-  is the log-prob of the policy that acted.
+  is the log-prob of the policy that acted, per sample.
+
+  With [B, N] log-probs (a decision's N action tokens) each token has its own ratio,
+  clipped on its own and weighed by its decision's advantage; a sample's surrogate is
+  the mean over its tokens, and approx_kl and clip_fraction are per token. A
+  decision's ratio is the product of its tokens' ratios, so with many tokens it
+  leaves [1 - eps, 1 + eps] after tiny per-token moves and the clip stops nearly
+  every sample; per-token ratios bound each token's move instead.
   """
+  per_token = logp.ndim == 2
+  tokens = (lambda x: x[:, None]) if per_token else (lambda x: x)
+  over_tokens = (lambda x: jnp.mean(x, axis=-1)) if per_token else (lambda x: x)
   mask = mask.astype(jnp.float32)
   # Masked samples (resets, too stale) are zeroed before any arithmetic, not after: a stale
   # sample's ratio against its behaviour policy can overflow float32, and inf * 0 = NaN would
@@ -57,11 +67,13 @@ def ppo_loss(cfg: PPOConfig, logp: jax.Array, entropy: jax.Array, value: jax.Arr
     mean = masked_mean(advantages, mask)
     std = jnp.sqrt(masked_mean(jnp.square(advantages - mean), mask))
     advantages = (advantages - mean) / (std + 1e-8)
-  log_ratio = zero(logp - old_logp)
+  log_ratio = jnp.where(tokens(keep), logp - old_logp, 0.0)
   ratio = jnp.exp(log_ratio)
-  pg = -jnp.minimum(ratio * advantages, jnp.clip(ratio, 1 - cfg.clip_eps, 1 + cfg.clip_eps) * advantages)
+  adv = tokens(advantages)
+  pg = over_tokens(-jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - cfg.clip_eps, 1 + cfg.clip_eps) * adv))
   if behaviour_logp is not None:
-    weight = jnp.minimum(jnp.exp(zero(old_logp - behaviour_logp)), cfg.behaviour_weight_clip)
+    prox = old_logp.sum(-1) if per_token else old_logp  # A decision's log-prob, as the behaviour's is.
+    weight = jnp.minimum(jnp.exp(zero(prox - behaviour_logp)), cfg.behaviour_weight_clip)
     pg = jax.lax.stop_gradient(weight) * pg
   value, old_value = zero(value), zero(old_value)
   v_err = jnp.square(value - returns)
@@ -76,8 +88,8 @@ def ppo_loss(cfg: PPOConfig, logp: jax.Array, entropy: jax.Array, value: jax.Arr
       "policy_loss": pg_loss,
       "value_loss": v_loss,
       "entropy": ent,
-      "approx_kl": masked_mean((ratio - 1.0) - log_ratio, mask),
-      "clip_fraction": masked_mean((jnp.abs(ratio - 1.0) > cfg.clip_eps).astype(jnp.float32), mask),
+      "approx_kl": masked_mean(over_tokens((ratio - 1.0) - log_ratio), mask),
+      "clip_fraction": masked_mean(over_tokens((jnp.abs(ratio - 1.0) > cfg.clip_eps).astype(jnp.float32)), mask),
   }
   return loss, metrics
 

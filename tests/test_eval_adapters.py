@@ -110,8 +110,8 @@ def test_device_envs_refuse_host_only_runs(run_env, named):
 
 
 def test_eval_rounds_split_into_whole_tasks():
-  assert evaluation.eval_rounds(500, 10) == [500]
-  assert evaluation.eval_rounds(2500, 50) == [500] * 5
+  assert evaluation.eval_rounds(500, 10, max_envs=500) == [500]
+  assert evaluation.eval_rounds(2500, 50) == [250] * 10
   assert evaluation.eval_rounds(2500, 50, max_envs=480) == [450] * 5 + [250]
   assert evaluation.eval_rounds(7, 3, max_envs=2) == [3, 4]  # A round holds at least one env per task.
   assert evaluation.eval_rounds(8, 3, max_envs=6) == [8] and evaluation.eval_rounds(2, 3) == [2]

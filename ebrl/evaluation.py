@@ -199,8 +199,8 @@ class HostRunner:
     firsts, env_tasks = [], []
     for r, size in enumerate(self.rounds):
       seed = self.seed + r * ROUND_SEED_STRIDE
-      adapter, self.adapter = self.adapter, None
-      if r > 0 or adapter is None:
+      adapter, self.adapter = self.adapter, None  # The first round's, built in __init__; then None.
+      if adapter is None:
         adapter = make_adapter(self.name, size, seed=seed, **self.run_env.adapter_kwargs())
       firsts.append(self._one_round(adapter, size, policy, store, seed))
       del adapter

@@ -49,7 +49,7 @@ def test_measure_sm_shares_times_updates_and_generation_at_every_share():
 
   spec = type("Spec", (), {"obs": {}, "action_dim": 2})()
   points = profiler.measure_sm_shares(_Sampler(), spec, 4, horizon=2, segments=2, seconds=0.1,
-                                      remote_at=remote_at, shares=(25, 50, 100))
+                                      remote_at=remote_at, action_width=2, shares=(25, 50, 100))
   assert [p["sm_percent"] for p in points] == [25, 50, 100]
   for p in points:
     assert p["update_s"] == pytest.approx(0.002 * 100 / p["sm_percent"], rel=0.5)

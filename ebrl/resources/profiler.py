@@ -446,12 +446,14 @@ SM_SHARES = (25, 50, 75, 100)  # The learner process's SM percentages the MPS pr
 
 
 def measure_sm_shares(sampler, spec, num_envs: int, horizon: int, segments: int, seconds: float,
-                      remote_at: Callable[[int], Any], shares: tuple[int, ...] = SM_SHARES) -> list[dict[str, float]]:
+                      remote_at: Callable[[int], Any], action_width: int,
+                      shares: tuple[int, ...] = SM_SHARES) -> list[dict[str, float]]:
   """The learner process at each SM share (`remote_at(percent)` starts one with that
   CUDA_MPS_ACTIVE_THREAD_PERCENTAGE): its time per update, and a generation call's time here
   beside it. Both move with the share: the learner's kernels get fewer SMs, and generation's
-  compete with fewer of the learner's."""
-  batch = _segment_batch(spec, horizon, segments, action_size(sampler.policy, spec))
+  compete with fewer of the learner's. `action_width` is the policy's raw action width (the update
+  batch's actions)."""
+  batch = _segment_batch(spec, horizon, segments, action_width)
   one = _gen_call(sampler, spec, num_envs)
   points = []
   for percent in shares:
@@ -599,7 +601,8 @@ def measure(cfg, inventory: Inventory, *, policy=None, spec=None, full: bool = F
         return RemoteLearner(learner, dataclasses.replace(remote_spec, env=tuple(sorted(changed.items())),
                                                           unset_env=removed))
 
-      sm_shares = measure_sm_shares(sampler, spec, n, cfg.rollout_length, segments, max(seconds, 1.0), at)
+      sm_shares = measure_sm_shares(sampler, spec, n, cfg.rollout_length, segments, max(seconds, 1.0), at,
+                                    action_size(policy, spec))
   prof = Profile(fingerprint=inventory.fingerprint(), shape=run_shape(cfg), sim=sim, gen=gen, train=train,
                  assemble=assemble, render=render, placement=placement, sm_shares=sm_shares)
   prof.measured_s = time.perf_counter() - t0

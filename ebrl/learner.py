@@ -20,7 +20,9 @@ only the critic's leaves (policies.base.critic_mask) get gradients and the
 observation statistics stand still, so the acting policy is bit-identical while
 the fresh critic learns its values (a random critic's advantages would otherwise
 pull the pre-trained actor anywhere); `ref_kl_coef` adds a KL penalty toward the
-params the run started from (TrainState.reference).
+params the run started from (TrainState.reference), exact over the bins for a policy
+of categorical tokens (`evaluate_token_distributions`), estimated from the batch's
+actions otherwise.
 
 With `algorithm="grpo"` the on-policy update is critic-free: advantages are
 group-relative returns over `group_size` consecutive same-seed envs
@@ -44,7 +46,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from ebrl import normalizer
 from ebrl.algorithms.gae import gae
 from ebrl.algorithms.grpo import group_relative_advantages
-from ebrl.algorithms.ppo import PPOConfig, kl_to_reference, masked_mean, ppo_loss
+from ebrl.algorithms.ppo import PPOConfig, kl_to_reference, masked_mean, ppo_loss, token_kl_to_reference
 from ebrl.algorithms.vtrace import vtrace
 from ebrl.algorithms.staleness import fresh_mask
 from ebrl.step_normalizer import identity_stats
@@ -244,9 +246,10 @@ class Learner:
     shift = {}
     if self.cfg.obs_norm_update == "before":
       state, shift = self._normalise_first(state, jax.tree.map(lambda x: x[:horizon], sb.obs), sb.valid)
-    # Values and proximal log-probs come from the params the update starts from.
+    # Values and proximal log-probs come from the params the update starts from (per token with
+    # ratio_level="token", so that the update does not evaluate them again).
     actions = jnp.concatenate([sb.actions, jnp.zeros_like(sb.actions[:1])])
-    prox_logp, _, values = self.policy.evaluate(state.params, sb.obs, actions)
+    prox_logp, _, values = self._proximal(state.params, sb.obs, actions)
     prox_logp, values = jax.lax.stop_gradient(prox_logp[:horizon]), jax.lax.stop_gradient(values)
     values_raw = normalizer.unstandardize(state.value_norm, values)  # Targets are in return units.
     fresh = fresh_mask(state.version, sb.version, self.cfg.max_staleness)
@@ -285,11 +288,17 @@ class Learner:
       new_state, metrics = self._update_fn(as_acted, ro)
       return new_state.replace(params={**new_state.params, "obs_norm": stats}), metrics
     state, shift = self._normalise_first(state, ro.obs, ro.valid)
-    prox_logp, _, _ = self.policy.evaluate(state.params, ro.obs, ro.actions)
+    prox_logp, _, _ = self._proximal(state.params, ro.obs, ro.actions)
     new_state, metrics = self._update_fn(state, ro.replace(logp=jax.lax.stop_gradient(prox_logp)),
                                          behaviour_logp=ro.logp)
     metrics.update(shift)
     return new_state, metrics
+
+  def _proximal(self, params, obs, actions):
+    """(log-probs, entropy, values) under `params`: the log-probs per action token with
+    ratio_level="token" ([..., N]), per decision otherwise."""
+    return (self.policy.evaluate_tokens if self.cfg.ratio_level == "token" else self.policy.evaluate)(
+        params, obs, actions)
 
   def _normalise_first(self, state: TrainState, obs, valid: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
     """obs_norm_update="before": the state with the batch merged into the observation statistics
@@ -344,13 +353,18 @@ class Learner:
                 mask=flat(ro.valid).astype(jnp.float32))
     if behaviour_logp is not None:
       data["behaviour_logp"] = flat(behaviour_logp)
-    if cfg.ref_kl_coef > 0:  # The reference's log-probs of the batch's actions, once per update.
+    per_token = cfg.ratio_level == "token"
+    exact_kl = cfg.ref_kl_coef > 0 and hasattr(policy, "evaluate_token_distributions")
+    if exact_kl:  # The reference's token distributions [B, N, bins], once per update.
+      data["ref_dist"] = flat(jax.lax.stop_gradient(policy.evaluate_token_distributions(
+          state.reference, ro.obs, ro.actions)[3]))
+    elif cfg.ref_kl_coef > 0:  # The reference's log-probs of the batch's actions, once per update.
       ref_logp, _, _ = policy.evaluate(state.reference, ro.obs, ro.actions)
       data["ref_logp"] = flat(jax.lax.stop_gradient(ref_logp))
-    per_token = cfg.ratio_level == "token"
-    evaluate = policy.evaluate_tokens if per_token else policy.evaluate
-    if per_token:  # The proximal policy (the params the update starts from) per action token, once.
-      prox_tokens, _, _ = evaluate(state.params, ro.obs, ro.actions)
+    if per_token and ro.logp.ndim == ro.valid.ndim:
+      # The acting log-probs are per decision: the proximal policy (the params the update starts
+      # from) per action token, once. (The segment and "before" paths pass them per token already.)
+      prox_tokens, _, _ = self._proximal(state.params, ro.obs, ro.actions)
       data["logp"] = flat(jax.lax.stop_gradient(prox_tokens))
     warming_up = state.version < cfg.critic_warmup_updates
     is_critic = critic_mask(state.params["net"])
@@ -360,11 +374,19 @@ class Learner:
     scale.update(_out_of_bounds(getattr(policy, "spec", None), data["actions"], data["mask"]))
 
     def loss_fn(net, params, b):
-      logp, entropy, value = evaluate({**params, "net": net}, b["obs"], b["actions"])
+      p = {**params, "net": net}
+      if exact_kl:
+        logp, entropy, value, dist = policy.evaluate_token_distributions(p, b["obs"], b["actions"])
+        logp = logp if per_token else logp.sum(-1)
+      else:
+        logp, entropy, value = self._proximal(p, b["obs"], b["actions"])
       loss, metrics = ppo_loss(ppo_cfg, logp, entropy, value, b["logp"], b["values"], b["adv"], b["returns"],
                                b["mask"], b.get("behaviour_logp"))
-      if "ref_logp" in b:
+      if exact_kl:
+        metrics["ref_kl"] = token_kl_to_reference(dist, b["ref_dist"], b["mask"])
+      elif "ref_logp" in b:
         metrics["ref_kl"] = kl_to_reference(logp.sum(-1) if per_token else logp, b["ref_logp"], b["mask"])
+      if "ref_kl" in metrics:
         loss = loss + cfg.ref_kl_coef * metrics["ref_kl"]
       return loss, metrics
 

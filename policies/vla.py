@@ -334,11 +334,18 @@ class VLAPolicy:
   def evaluate_tokens(self, params: Params, obs: Obs, action: jax.Array):
     """`evaluate` with the log-prob of each action token [..., K*A] instead of their sum: PPO with
     algorithm.ratio_level="token" clips each token's ratio, as LLM and VLA PPO recipes do."""
+    token_logp, entropy, value, _ = self.evaluate_token_distributions(params, obs, action)
+    return token_logp, entropy, value
+
+  def evaluate_token_distributions(self, params: Params, obs: Obs, action: jax.Array):
+    """`evaluate_tokens` plus every token's whole distribution, log-softmaxed [..., K*A, bins]: the
+    KL penalty toward a reference is then exact (a sum over the bins) instead of estimated from the
+    one token each sample drew."""
     tokens = self.action_tokenizer.to_tokens(action)
     logp_all, value = self.token_logits(params, obs, tokens)
     token_logp = jnp.take_along_axis(logp_all, tokens[..., None], axis=-1)[..., 0]
     entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=(-2, -1))
-    return token_logp, entropy, value
+    return token_logp, entropy, value, logp_all
 
   def update_normalizer(self, params: Params, obs: Obs, weight: jax.Array) -> Params:
     if "state" not in self.spec.obs:

@@ -3,7 +3,8 @@ start / final evaluation a fine-tuning run's summary.json reports.
 
 The penalty is checked against an independent computation: the reference loss of
 tests/test_learner.py plus k3 = exp(d) - d - 1 (d = reference log-prob - log-prob)
-written out here, differentiated by jax.grad and stepped by the NumPy Adam there.
+written out here, differentiated by jax.grad and stepped by the NumPy Adam there; for
+the vla, whose token distributions are exact, the KL summed over every token's bins.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ import numpy as np
 import pytest
 
 from ebrl import warm_start
+from ebrl.algorithms.ppo import token_kl_to_reference
 from ebrl.learner import Learner, with_reference
+from ebrl.types import SegmentBatch
 from policies.base import critic_mask
 from policies.cnn import CNNPolicy
 from policies.flow import FlowPolicy
@@ -242,6 +245,98 @@ def test_token_ratios_update_matches_reference():
   expected = jax.tree.unflatten(jax.tree.structure(net), [f32(x) for x in leaves])
   assert float(metrics["clip_fraction"]) > 0  # The second step's ratios reach the clip.
   assert_tree_close(host(new).params["net"], expected, atol=2e-6)
+
+
+def _np_categorical_kl(logp_all: np.ndarray, ref_all: np.ndarray, mask: np.ndarray) -> float:
+  """KL(p || r) summed over a decision's tokens, from probabilities, averaged over the valid samples."""
+  p, r = np.exp(logp_all.astype(np.float64)), np.exp(ref_all.astype(np.float64))
+  per_sample = np.sum(p * np.log(p / r), axis=(-2, -1))
+  return float(np.sum(per_sample * mask) / mask.sum())
+
+
+def test_exact_token_kl_is_the_categorical_kl_over_valid_samples():
+  rng = np.random.default_rng(0)
+  logits = rng.normal(0.0, 2.0, (2, 5, 3, 8))
+  logp, ref = (np.asarray(jax.nn.log_softmax(x, axis=-1), np.float32) for x in logits)
+  mask = np.array([1, 1, 0, 1, 0], np.float32)
+  got = float(token_kl_to_reference(jnp.asarray(logp), jnp.asarray(ref), jnp.asarray(mask)))
+  assert got == pytest.approx(_np_categorical_kl(logp, ref, mask), rel=1e-5)
+  assert float(token_kl_to_reference(jnp.asarray(logp), jnp.asarray(logp), jnp.asarray(mask))) == 0.0
+
+
+@pytest.mark.parametrize("ratio_level", ["token", "decision"])
+def test_vla_segment_update_with_exact_kl_matches_reference(ratio_level):
+  """update_segments on the vla with a KL penalty: one full-batch step on off-policy segments equals the
+  hand-written loss stepped by NumPy's Adam: ratios (per token or per decision) against the params the
+  update starts from, each decision weighed by min(exp(proximal - behaviour), clip), plus coef times the
+  KL to the reference summed over every token's bins. The reported ref_kl is that KL computed in NumPy
+  from probabilities, not the one-draw estimate."""
+  spec, coef = tiny_spec(), 0.5
+  vla = VLAPolicy(spec, chunk_size=1, bins=16, width=16, depth=1, heads=2)
+  ppo = dataclasses.replace(CFG.ppo, value_clip_eps=0.0)
+  cfg = dataclasses.replace(CFG, ratio_level=ratio_level, ref_kl_coef=coef, ppo=ppo)
+  learner = Learner(vla, cfg)
+  state0 = host(learner.init(jax.random.key(0)))
+  reference = _perturbed(state0.params, 0.3, seed=8)
+  state0 = state0.replace(reference=reference)
+
+  rng = np.random.default_rng(9)
+  obs = rng.normal(1.0, 2.0, (T + 1, N, OBS_DIM)).astype(np.float32)
+  actions = rng.uniform(-1.0, 1.0, (T, N, ACTION_DIM)).astype(np.float32)
+  terminated, done, valid = np.zeros((T, N), bool), np.zeros((T, N), bool), np.ones((T, N), bool)
+  terminated[2, 0] = done[2, 0] = True
+  done[3, 1] = True
+  valid[3, 0] = valid[4, 1] = False  # The automatic resets after them.
+  rewards = np.where(valid, rng.normal(0.0, 1.0, (T, N)), 0.0).astype(np.float32)
+  prox_tok, _, _ = vla.evaluate_tokens(state0.params, {"state": obs[:T]}, actions)
+  prox_tok = np.asarray(prox_tok, np.float32)
+  behaviour = (prox_tok.sum(-1) + rng.normal(0.0, 0.6, (T, N))).astype(np.float32)  # Off-policy both ways.
+  sb = SegmentBatch(obs={"state": obs}, actions=actions, logp=behaviour, rewards=rewards, terminated=terminated,
+                    done=done, valid=valid, version=np.zeros((T, N), np.int32))
+  new, metrics = learner.update_segments(device(state0), sb)
+
+  _, _, values = vla.evaluate(state0.params, {"state": obs}, np.concatenate([actions, actions[:1] * 0]))
+  next_valid = np.concatenate([valid[1:], np.ones((1, N), bool)])
+  adv, ret = ref_gae(rewards * cfg.reward_scale, np.asarray(values), terminated, done | ~next_valid, cfg.gamma,
+                     cfg.gae_lambda)
+  f32 = lambda x: np.asarray(x, np.float32)
+  mask = f32(valid.reshape(-1))
+  batch = dict(obs=obs[:T].reshape(T * N, OBS_DIM), actions=actions.reshape(T * N, ACTION_DIM),
+               adv=f32(adv.reshape(-1)), returns=f32(ret.reshape(-1)), mask=mask)
+  prox = prox_tok.reshape(T * N, ACTION_DIM)
+  weight = np.minimum(np.exp(prox.sum(-1) - behaviour.reshape(-1)), ppo.behaviour_weight_clip)
+  assert (weight < 0.7).any() and (weight >= ppo.behaviour_weight_clip).any()
+  tokens = vla.action_tokenizer.to_tokens(batch["actions"])
+  ref_all, _ = vla.token_logits(reference, {"state": batch["obs"]}, tokens)
+  stats = state0.params["obs_norm"]
+
+  def loss(net):
+    p = {"net": net, "obs_norm": stats}
+    tok, entropy, value = vla.evaluate_tokens(p, {"state": batch["obs"]}, batch["actions"])
+    w = batch["mask"] / jnp.sum(batch["mask"])
+    mu = jnp.sum(w * batch["adv"])
+    a = (batch["adv"] - mu) / (jnp.sqrt(jnp.sum(w * (batch["adv"] - mu) ** 2)) + 1e-8)
+    if ratio_level == "token":
+      ratio, a_ = jnp.exp(tok - prox), a[:, None]
+    else:
+      ratio, a_ = jnp.exp(tok.sum(-1) - prox.sum(-1)), a
+    surrogate = jnp.where(a_ >= 0, jnp.minimum(ratio, 1 + ppo.clip_eps), jnp.maximum(ratio, 1 - ppo.clip_eps)) * a_
+    surrogate = surrogate.mean(-1) if ratio_level == "token" else surrogate
+    policy_loss = -jnp.sum(w * weight * surrogate)
+    value_loss = 0.5 * jnp.sum(w * (value - batch["returns"]) ** 2)
+    logp_all, _ = vla.token_logits(p, {"state": batch["obs"]}, tokens)
+    kl = jnp.sum(jnp.exp(logp_all) * (logp_all - ref_all), axis=(-2, -1))
+    return policy_loss + ppo.vf_coef * value_loss - ppo.ent_coef * jnp.sum(w * entropy) + coef * jnp.sum(w * kl)
+
+  net = state0.params["net"]
+  adam = NumpyAdam(jax.tree.leaves(net), cfg.learning_rate, cfg.max_grad_norm)
+  leaves, _ = adam.step(jax.tree.leaves(net), jax.tree.leaves(jax.grad(loss)(net)))
+  expected = jax.tree.unflatten(jax.tree.structure(net), [f32(x) for x in leaves])
+  assert_tree_close(host(new).params["net"], expected, atol=2e-6)
+  start_all, _ = vla.token_logits(state0.params, {"state": batch["obs"]}, tokens)
+  kl = _np_categorical_kl(np.asarray(start_all), np.asarray(ref_all), mask)
+  assert kl > 1e-3
+  assert float(metrics["ref_kl"]) == pytest.approx(kl, rel=1e-4)
 
 
 # ----------------------------------------------------------------------------- a fine-tuning run, end to end

@@ -11,7 +11,8 @@ weighted by the behaviour importance weight prox / behaviour, capped at
 behaviour log-probs are the same, the weight is 1 and this is plain PPO.
 
 Fine-tuning a pre-trained policy can add `kl_to_reference`, a penalty on the
-policy's divergence from the one it started from (as RLHF and VLA PPO recipes do).
+policy's divergence from the one it started from (as RLHF and VLA PPO recipes do);
+`token_kl_to_reference` is its exact form for policies of categorical tokens.
 """
 
 from __future__ import annotations
@@ -108,3 +109,15 @@ def kl_to_reference(logp: jax.Array, ref_logp: jax.Array, mask: jax.Array) -> ja
   keep = mask > 0
   d = jnp.where(keep, jnp.clip(ref_logp - logp, -MAX_REFERENCE_LOG_RATIO, MAX_REFERENCE_LOG_RATIO), 0.0)
   return masked_mean(jnp.exp(d) - d - 1.0, mask.astype(jnp.float32))
+
+
+def token_kl_to_reference(logp_all: jax.Array, ref_logp_all: jax.Array, mask: jax.Array) -> jax.Array:
+  """KL(policy || reference) of a decision made of N categorical tokens, exactly: the log-softmaxed
+  distributions are [B, N, bins], mask [B]; per sample the sum over tokens of
+  sum_v p(v) (log p(v) - log r(v)), then the mean over valid samples. Where a policy exposes its token
+  distributions (the vla) this replaces `kl_to_reference`'s one-draw estimate, whose exp(r/p) term
+  explodes on a drawn token the policy has since made unlikely (off-policy samples, stale or
+  clipped) while the true KL stays small."""
+  keep = mask > 0
+  per_token = jnp.sum(jnp.exp(logp_all) * (logp_all - ref_logp_all), axis=-1)
+  return masked_mean(jnp.where(keep, per_token.sum(-1), 0.0), mask.astype(jnp.float32))

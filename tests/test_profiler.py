@@ -120,3 +120,21 @@ def test_a_flow_policy_with_chunks_is_profiled_with_its_own_action_width():
   p = profiler.measure(cfg, take_inventory(), seconds=0.05, log=lambda m: None)
   assert p.train[0]["samples"] == 4 * 8 and p.train[0]["wall_s"] > 0
   assert p.placement is not None and p.placement["processes_us"] > 0
+
+
+def test_a_cached_profile_is_reused_only_for_the_same_policy_settings():
+  """The vla's decoding mode and size, and a reference policy, change what generation and updates
+  cost: each is a shape of its own, and a shape survives the cache's JSON round trip."""
+  import json  # pylint: disable=g-import-not-at-top
+
+  base = _tiny()
+  base.policy.name, base.policy.chunk_size = "vla", 4
+  shape = profiler.run_shape(base)
+  assert json.loads(json.dumps(shape)) == shape
+  for field, value in (("policy.decode", "autoregressive"), ("policy.width", 256), ("policy.depth", 4),
+                       ("algorithm.ratio_level", "token"), ("algorithm.ref_kl_coef", 0.1)):
+    cfg = _tiny()
+    cfg.policy.name, cfg.policy.chunk_size = "vla", 4
+    section, key = field.split(".")
+    cfg[section][key] = value
+    assert profiler.run_shape(cfg) != shape, field

@@ -33,7 +33,7 @@ from sim_adapters.tasks import multitask_tasks
 _WARMUP_S = 0.2
 
 
-PROFILE_VERSION = 4  # Bumped when what a profile measures changes: older cached files are measured again.
+PROFILE_VERSION = 5  # Bumped when what a profile measures changes: older cached files are measured again.
 
 
 def run_shape(cfg) -> dict[str, Any]:
@@ -46,6 +46,12 @@ def run_shape(cfg) -> dict[str, Any]:
           "segments_per_update": int(RunLayout.from_config(cfg).segments_per_update),
           "epochs": int(cfg.algorithm.epochs), "num_minibatches": int(cfg.algorithm.num_minibatches),
           "correction": cfg.algorithm.correction,
+          # Every policy setting: a vla's decoding mode and size, a flow's denoising steps change what
+          # generation and updates cost as much as the name does.
+          "policy_config": json.loads(json.dumps(cfg.policy.to_dict())),
+          # Per-token ratios and a reference policy change what an update computes.
+          "ratio_level": str(cfg.algorithm.get("ratio_level", "decision")),
+          "reference": float(cfg.algorithm.get("ref_kl_coef", 0.0)) > 0,
           # What the placement probe's learner process ran at (it slows generation beside it or not).
           "learner_priority": learner_priority(cfg)}
 

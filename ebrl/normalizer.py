@@ -90,7 +90,10 @@ RETURN_STATS_PRIOR = 1e-4  # The count the prior (mean 0, variance 1) weighs as;
 
 
 def init_return_norm(num_envs: int) -> ReturnNorm:
-  stats = RunningStats(jnp.zeros(1, jnp.float32), jnp.ones(1, jnp.float32), jnp.full((), RETURN_STATS_PRIOR))
+  # Every leaf strongly typed: a weak-typed count (from a Python float) came back strong from the
+  # first update, so the second update compiled the whole update again.
+  prior = jnp.asarray(RETURN_STATS_PRIOR, jnp.float32)
+  stats = RunningStats(jnp.zeros(1, jnp.float32), jnp.ones(1, jnp.float32), prior)
   return ReturnNorm(stats, jnp.zeros(num_envs, jnp.float32))
 
 

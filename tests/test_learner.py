@@ -418,3 +418,29 @@ def test_value_norm_off_keeps_the_identity(setup):
   assert float(state.value_norm.count) == 0.0
   for k in ("grad_norm", "explained_variance", "return_std", "advantage_std", "obs_norm_shift"):
     assert np.isfinite(metrics[k]), k
+
+
+@pytest.mark.parametrize("segments", [False, True])
+def test_an_update_returns_the_state_types_it_took(segments):
+  """Shapes, dtypes, weak types and shardings of the train state are the same after an update as
+  before it, so the second update runs the first one's compiled program: a weak-typed leaf at init
+  (the reward statistics' count was one) recompiled the whole update on the second call, which cost
+  every run a compile and made the stage profile time a compile as an update."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+
+  from ebrl.types import SegmentBatch  # pylint: disable=g-import-not-at-top
+
+  policy = MLPPolicy(tiny_spec(), hidden=(8,))
+  learner = Learner(policy, dataclasses.replace(CFG, reward_norm=True, num_envs=N))
+  state = learner.init(jax.random.key(0))
+  ro = make_rollout(policy, host(state).params, seed=1)
+  if segments:
+    obs = {"state": np.concatenate([ro.obs["state"], ro.obs["state"][-1:]])}
+    batch = SegmentBatch(obs=obs, actions=ro.actions, logp=ro.logp, rewards=ro.rewards, terminated=ro.terminated,
+                         done=ro.done, valid=ro.valid, version=ro.version)
+    new, _ = learner.update_segments(state, batch)
+  else:
+    new, _ = learner.update(state, ro)
+  kinds = lambda s: [(jax.tree_util.keystr(p), x.shape, x.dtype, jax.typeof(x).weak_type, str(x.sharding))
+                     for p, x in jax.tree_util.tree_flatten_with_path(s)[0]]
+  assert kinds(new) == kinds(state)

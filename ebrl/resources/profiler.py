@@ -33,7 +33,7 @@ from sim_adapters.tasks import multitask_tasks
 _WARMUP_S = 0.2
 
 
-PROFILE_VERSION = 5  # Bumped when what a profile measures changes: older cached files are measured again.
+PROFILE_VERSION = 6  # Bumped when what a profile measures changes: older cached files are measured again.
 
 
 def run_shape(cfg) -> dict[str, Any]:

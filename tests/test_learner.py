@@ -8,6 +8,7 @@ tests/learner_device_check.py in fresh processes with 1 and 4 CPU devices.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import pytest
 
 from ebrl.algorithms.ppo import PPOConfig
 from ebrl.learner import Learner, LearnerConfig
-from ebrl.types import Rollout
+from ebrl.types import Rollout, SegmentBatch
 from policies.mlp import MLPPolicy
 from sim_adapters.base import EnvSpec, ObsSpec
 
@@ -353,7 +354,6 @@ def test_kl_early_stop_matches_reference(setup):
   """With target_kl between the KL the 2nd and 3rd steps measure, exactly two of four steps apply
   (Stable-Baselines3's rule: stop once approx KL > 1.5 * target_kl), and the net is the reference's
   after two steps; with a huge target all four apply."""
-  import dataclasses
   cfg = dataclasses.replace(CFG, epochs=4, num_minibatches=1)
   nets, kls = _reference_steps(setup, cfg, 4)
   assert kls[0] == 0.0 and 0 < kls[1] < kls[2]
@@ -426,10 +426,6 @@ def test_an_update_returns_the_state_types_it_took(segments):
   before it, so the second update runs the first one's compiled program: a weak-typed leaf at init
   (the reward statistics' count was one) recompiled the whole update on the second call, which cost
   every run a compile and made the stage profile time a compile as an update."""
-  import dataclasses  # pylint: disable=g-import-not-at-top
-
-  from ebrl.types import SegmentBatch  # pylint: disable=g-import-not-at-top
-
   policy = MLPPolicy(tiny_spec(), hidden=(8,))
   learner = Learner(policy, dataclasses.replace(CFG, reward_norm=True, num_envs=N))
   state = learner.init(jax.random.key(0))

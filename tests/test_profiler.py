@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -125,8 +126,6 @@ def test_a_flow_policy_with_chunks_is_profiled_with_its_own_action_width():
 def test_a_cached_profile_is_reused_only_for_the_same_policy_settings():
   """The vla's decoding mode and size, and a reference policy, change what generation and updates
   cost: each is a shape of its own, and a shape survives the cache's JSON round trip."""
-  import json  # pylint: disable=g-import-not-at-top
-
   base = _tiny()
   base.policy.name, base.policy.chunk_size = "vla", 4
   shape = profiler.run_shape(base)

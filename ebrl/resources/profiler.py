@@ -40,18 +40,15 @@ def run_shape(cfg) -> dict[str, Any]:
   """The config values a profile depends on (anything else may change freely)."""
   return {"version": PROFILE_VERSION, "env": cfg.env.name, "num_envs": int(cfg.num_envs),
           "from_pixels": bool(cfg.env.from_pixels),
-          "render_stage": bool(cfg.env.render_stage), "chunk_size": int(cfg.policy.chunk_size),
-          "render_size": int(cfg.env.render_size), "policy": cfg.policy.name,
-          "hidden": [int(h) for h in cfg.policy.hidden], "rollout_length": int(cfg.rollout_length),
+          "render_stage": bool(cfg.env.render_stage), "render_size": int(cfg.env.render_size),
+          # Every policy setting: a vla's decoding mode and size, a flow's denoising steps, the chunk
+          # change what generation and updates cost as much as the policy's name does.
+          "policy": json.loads(json.dumps(cfg.policy.to_dict())), "rollout_length": int(cfg.rollout_length),
           "segments_per_update": int(RunLayout.from_config(cfg).segments_per_update),
           "epochs": int(cfg.algorithm.epochs), "num_minibatches": int(cfg.algorithm.num_minibatches),
           "correction": cfg.algorithm.correction,
-          # Every policy setting: a vla's decoding mode and size, a flow's denoising steps change what
-          # generation and updates cost as much as the name does.
-          "policy_config": json.loads(json.dumps(cfg.policy.to_dict())),
           # Per-token ratios and a reference policy change what an update computes.
-          "ratio_level": str(cfg.algorithm.get("ratio_level", "decision")),
-          "reference": float(cfg.algorithm.get("ref_kl_coef", 0.0)) > 0,
+          "ratio_level": str(cfg.algorithm.ratio_level), "reference": float(cfg.algorithm.ref_kl_coef) > 0,
           # What the placement probe's learner process ran at (it slows generation beside it or not).
           "learner_priority": learner_priority(cfg)}
 

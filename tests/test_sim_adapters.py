@@ -331,8 +331,9 @@ def test_mt10_uneven_task_shares(make):
   np.testing.assert_array_equal(batch.env_ids, np.arange(15))
 
 
-def test_mt10_async_recv_returns_whatever_is_ready(make):
-  """Async MT10: each env comes back exactly once per send, from any pool, in batches of ready envs."""
+def test_mt10_async_recv_returns_a_whole_batch_from_any_pools(make):
+  """Async MT10: each env comes back exactly once per send, from any pool, at least batch_size at a
+  time while every env is in flight (what a generation call then serves)."""
   adapter = make("MetaWorld/MT10", 40, batch_size=20)
   assert adapter.is_async
   adapter.reset()
@@ -342,6 +343,7 @@ def test_mt10_async_recv_returns_whatever_is_ready(make):
   while returned < 400:
     assert adapter.can_recv()
     b = adapter.recv()
+    assert len(b) >= 20
     assert (owed[b.env_ids] == 1).all() and len(np.unique(b.env_ids)) == len(b)
     np.testing.assert_array_equal(b.obs["task"].argmax(axis=1), adapter.task_ids[b.env_ids])
     owed[b.env_ids] -= 1
@@ -350,6 +352,19 @@ def test_mt10_async_recv_returns_whatever_is_ready(make):
     adapter.send(random_actions(adapter.spec, len(b), rng), b.env_ids)
     owed[b.env_ids] += 1
   assert max(tasks_per_batch) > 1  # a recv merges rows of several tasks' pools
+  adapter.close()
+
+
+def test_mt10_async_recv_is_short_only_when_no_more_can_come(make):
+  """Envs a scheduler holds back (parked) leave less than a batch in flight: recv then returns what
+  can come instead of waiting for rows that never will."""
+  adapter = make("MetaWorld/MT10", 40, batch_size=20)
+  adapter.reset()
+  sizes, start = [], time.time()
+  while adapter.can_recv():  # Nothing is sent back: every recv drains what is in flight.
+    sizes.append(len(adapter.recv()))
+    assert time.time() - start < 30
+  assert sum(sizes) == 40 and all(n >= 20 for n in sizes[:-1])
   adapter.close()
 
 

@@ -9,7 +9,7 @@ import pytest
 from ebrl.resources.overlap import OverlapProbe
 from ebrl.trajectories.queue import TrajectoryQueue
 from launch.configs import default
-from test_planner import synthetic
+from test_planner import _with_overlap, synthetic
 
 
 def _feed(probe: OverlapProbe, rate_at, seconds: float, dt: float = 0.05):
@@ -128,16 +128,29 @@ def test_queue_admission_zero_is_a_barrier_and_the_bound_stays():
     q.set_admission(2)
 
 
-def test_an_ebrl_run_probes_overlap_and_keeps_the_staleness_bound(tmp_path):
+def test_a_probe_from_a_barrier_plan_starts_in_the_barrier_and_probes_alike():
+  probe = OverlapProbe(2, window_s=1.0, settle_s=0.2, start_after=2, barrier=True)
+  assert probe.admission == 0
+  admissions, results = _feed(probe, lambda a: 10_000.0 if a else 12_000.0, 12.0)
+  assert admissions[0] == 0 and 2 in admissions and results[0].admission == 0
+
+
+@pytest.mark.parametrize("contended", [False, True])
+def test_an_ebrl_run_probes_overlap_and_keeps_the_staleness_bound(tmp_path, contended):
   """resources=auto (from a given profile) on a real run: the queue's admission goes 0, 1, 0 in
-  the probe's windows, the probe reports both rates (and marks the trace), and every update stays
-  within the bound."""
+  the probe's windows (1, 0, 1 where the profile's generation and updates slow each other so much
+  that the plan is a barrier, and the queue starts in it), the probe reports both rates (and marks
+  the trace), and every update stays within the bound."""
   from ebrl.scheduler import make_scheduler  # pylint: disable=g-import-not-at-top
   from ebrl.trainer import Trainer
 
   path = tmp_path / "profile.json"
-  # Costly async recvs: the planner picks the fully batched layout, the one that is probed.
-  path.write_text(json.dumps({"profile": synthetic(n=8, cores=2, sim_call=4000.0, gen_call=50.0).to_dict()}))
+  # Costly async recvs: the planner picks the fully batched layout, the one that is probed (updates
+  # as long as their CPU on 2 cores: overlapping and taking turns predict the same, so it overlaps).
+  profile = synthetic(n=8, cores=2, sim_call=4000.0, gen_call=50.0, train_rate=1e5)
+  if contended:
+    _with_overlap(profile, 0.3, 0.3)
+  path.write_text(json.dumps({"profile": profile.to_dict()}))
   cfg = default.get_config()
   cfg.env.name, cfg.num_envs, cfg.rollout_length, cfg.scheduler = "CartpoleBalance-v1", 8, 8, "ebrl"
   cfg.resources, cfg.quotas.profile, cfg.quotas.overlap_probe_s = "auto", str(path), 0.3
@@ -148,7 +161,9 @@ def test_an_ebrl_run_probes_overlap_and_keeps_the_staleness_bound(tmp_path):
   trainer = Trainer(cfg, str(tmp_path / "run"), progress=False)
   mgr = trainer.resources
   assert (mgr.plan.num_groups, mgr.plan.recv_batch) == (1, 8) and mgr.overlap is not None
+  assert mgr.plan.barrier == contended
   scheduler = make_scheduler("ebrl", trainer.run_context())
+  assert scheduler.queue.admission == (0 if contended else 1)
   admissions, staleness = [], []
   assert trainer.overlap is mgr.overlap  # The trainer feeds it; the queue listens.
   mgr.overlap.listeners.insert(0, admissions.append)
@@ -157,7 +172,7 @@ def test_an_ebrl_run_probes_overlap_and_keeps_the_staleness_bound(tmp_path):
   scheduler.run(trainer.state, cfg.total_env_steps)
   trainer.finish()
   result = mgr.overlap.results[0]
-  assert admissions[:3] == [0, 1, 0]
+  assert admissions[:3] == ([1, 0, 1] if contended else [0, 1, 0])
   assert result.overlapped_env_steps_per_s > 0 and result.barrier_env_steps_per_s > 0
   assert scheduler.queue.admission == result.admission
   assert max(staleness) <= 1

@@ -368,3 +368,80 @@ def test_host_slowdown_never_credits_threads_and_is_one_without_a_measurement():
   assert p.host_slowdown("threads") == 1.0
   _with_placement(p, 130.0, 100.0)
   assert p.host_slowdown("threads") == pytest.approx(1.3) and p.host_slowdown("processes") == 1.0
+
+
+def _with_overlap(p: Profile, f_gen: float, f_train: float) -> Profile:
+  """The placement probe's measurements for generation and updates each at a fraction of their
+  own speed beside the other (in either placement)."""
+  update_s = p.train[0]["wall_s"]
+  p.placement = {"batch": p.shape["num_envs"], "alone_us": 100.0, "threads_us": 100.0 / f_gen,
+                 "processes_us": 100.0 / f_gen, "threads_update_s": update_s / f_train,
+                 "processes_update_s": update_s / f_train}
+  return p
+
+
+def test_side_by_side_beats_one_after_the_other_exactly_when_the_speeds_add_up_to_more_than_one():
+  assert planner.side_by_side_us(30.0, 20.0, (1.0, 1.0)) == pytest.approx(30.0)  # No contention: the longer.
+  assert planner.side_by_side_us(30.0, 20.0, (1.0, 0.0)) == pytest.approx(50.0)  # The learner only after.
+  # Both at 0.6: 20 / 0.6 side by side finishes training with 30 - 20 of the rollout left, then alone.
+  assert planner.side_by_side_us(30.0, 20.0, (0.6, 0.6)) == pytest.approx(20.0 / 0.6 + 10.0)
+  for f in (0.3, 0.45, 0.55, 0.8):
+    side = planner.side_by_side_us(30.0, 20.0, (f, f))
+    assert (side < 50.0) == (2 * f > 1.0) and (side > 50.0) == (2 * f < 1.0)
+
+
+def test_overlap_speeds_come_from_the_placement_probe_and_are_none_without_its_updates():
+  p = synthetic(train_rate=2000.0)
+  assert p.overlap_speeds("threads") is None
+  _with_placement(p, 150.0, 100.0)  # A profile measured before updates beside were.
+  assert p.overlap_speeds("processes") is None
+  _with_overlap(p, 0.5, 0.25)
+  assert p.overlap_speeds("threads") == pytest.approx((0.5, 0.25))
+  p.placement["processes_us"] = 90.0  # Faster beside updates than alone: noise, never a gain.
+  assert p.overlap_speeds("processes")[0] == 1.0
+
+
+BARRIER_SHAPE = planner.RunShape(**{**SHAPE.__dict__, "barrier": True})
+
+
+def test_contention_that_outweighs_overlap_plans_the_barrier():
+  # Generation and updates each at 30% of their speed beside each other: overlapping loses to
+  # taking turns, so the plan is the sync schedule, predicted at rollout alone + update per step.
+  p = _with_overlap(synthetic(gen_call=3000.0, gen_row=0.0, train_us=20.0, train_rate=10000.0), 0.3, 0.3)
+  plan = planner.plan_auto(p, (0, 1, 2, 3), BARRIER_SHAPE)
+  assert plan.barrier and (plan.num_groups, plan.recv_batch) == (1, 64) and plan.placement == "threads"
+  layout = plan.cpu_sets
+  rollout = planner.rollout_rate(p, layout, 1, 64, 4, 1)
+  assert rollout == pytest.approx(1e6 / (100.0 / 4 + 3000.0 / 64), rel=1e-6)  # The chain, nothing beside it.
+  assert plan.predicted_env_steps_per_s == pytest.approx(1 / (1 / rollout + 1 / 10000.0), rel=1e-6)
+  overlapped = planner.plan_auto(p, (0, 1, 2, 3), SHAPE)  # Not a candidate: the best overlapping plan.
+  assert not overlapped.barrier and overlapped.predicted_env_steps_per_s < plan.predicted_env_steps_per_s
+  assert overlapped.bottleneck == "rollout and updates slowing each other"
+  # A running run's re-plan keeps its groups and recv batch and never plans a barrier itself.
+  assert not planner.plan_auto(p, (0, 1, 2, 3), BARRIER_SHAPE, fixed=(1, 64)).barrier
+
+
+def test_overlap_that_pays_keeps_an_overlapping_plan_capped_by_what_side_by_side_allows():
+  p = _with_overlap(synthetic(gen_call=3000.0, gen_row=0.0, train_us=20.0, train_rate=2000.0), 0.9, 0.8)
+  plan = planner.plan_auto(p, (0, 1, 2, 3), BARRIER_SHAPE)
+  assert not plan.barrier
+  barrier = planner.plan_barrier(p, (0, 1, 2, 3), BARRIER_SHAPE)
+  assert plan.predicted_env_steps_per_s > barrier.predicted_env_steps_per_s
+  threads, pools = planner._sim_threads(plan.cpu_sets, plan.num_groups, SHAPE)
+  rollout = planner.rollout_rate(p, plan.cpu_sets, plan.num_groups, plan.recv_batch, threads, pools)
+  cap = 1e6 / planner.side_by_side_us(1e6 / rollout, 1e6 / 2000.0, (0.9, 0.8))
+  assert plan.predicted_env_steps_per_s <= cap * (1 + 1e-9)
+
+
+def test_bound_takes_each_stages_cheapest_measured_batching():
+  # 40 envs: a call for all of them pads to 64 rows, a call of 32 is cheaper per env served; the
+  # simulator's async recvs here cost less per step than stepping every env at once.
+  n = 40
+  p = synthetic(n=n, gen_call=0.0, gen_row=10.0)
+  for point in p.sim:
+    if point["async"]:
+      point["cpu_us_per_step"] = 80.0
+  shape = planner.RunShape(**{**SHAPE.__dict__, "num_envs": n})
+  bound = planner.work_conserving_bound(p, (0, 1, 2, 3), shape)
+  assert bound["gen_us"] == pytest.approx(10.0 * 32 / 32) and p.gen_cpu_us(n) / n == pytest.approx(10.0 * 64 / 40)
+  assert bound["sim_us"] == 80.0

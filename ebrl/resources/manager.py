@@ -100,7 +100,7 @@ class ResourceManager:
     # The trainer feeds it after every update and the scheduler's queue listens.
     self.overlap = None
     if OverlapSwitch.allowed(cfg) and planner.fully_batched(self.profile, self.plan.num_groups, self.plan.recv_batch):
-      self.overlap = OverlapSwitch(cfg.ebrl.max_staleness, cfg.quotas.overlap_probe_s, log)
+      self.overlap = OverlapSwitch(cfg.ebrl.max_staleness, cfg.quotas.overlap_probe_s, log, barrier=self.plan.barrier)
     self._t0 = time.time()
     self._mesa_threads = 0
     self.events: list[dict] = []  # {"t": run wall_s, "label"} for the controller plot.
@@ -115,7 +115,9 @@ class ResourceManager:
     lines = [f"[resources] {p.mode}: {quotas}; {p.num_groups} group(s), recv {p.recv_batch}, "
              f"gen batch {p.max_gen_batch}, {p.sim_threads} EnvPool thread(s)/pool, learner in "
              f"{'a process of its own' if p.placement == 'processes' else 'this process'}"
-             + (f" with {p.learner_sm_percent}% of the SMs" if p.learner_sm_percent else "")]
+             + (f" with {p.learner_sm_percent}% of the SMs" if p.learner_sm_percent else "")
+             + ("; rollout and updates in turn (a barrier) until the overlap probe says otherwise"
+                if p.barrier else "")]
     if math.isfinite(p.predicted_env_steps_per_s):
       lines.append(f"[resources] predicted {p.predicted_env_steps_per_s:,.0f} env steps/s, "
                    f"bottleneck {p.bottleneck}")
@@ -183,6 +185,7 @@ class ResourceManager:
         planning = self.profile.with_extra("assemble", measured[CPU] - modelled)
     plan = planner.plan_auto(planning, self.inventory.cpu_cores, self.shape, self.plan.notes,
                              fixed=(self.plan.num_groups, self.plan.recv_batch), placement=self.plan.placement)
+    plan = plan.replace(barrier=self.plan.barrier)  # What the run started with; the probe owns the admission.
     self.bound = planner.work_conserving_bound(self.profile, self.inventory.cpu_cores, self.shape)
     return self._with_learner_share(plan, planning)
 

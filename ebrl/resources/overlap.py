@@ -29,7 +29,8 @@ pure logic (fed (time, env steps), it says the admission); OverlapSwitch is a
 run's side of it: fed after every update, it tells the queue each change and
 puts the results on the timeline and in the log.
 
-Who probes: resources=auto on a fully batched host plan (ebrl/resources/manager.py),
+Who probes: resources=auto on a fully batched host plan (ebrl/resources/manager.py;
+a barrier plan, planner.plan_barrier, starts in the barrier),
 and scheduler=ebrl on a device simulator with resources=auto, where simulation
 and generation run fused in XLA's threads and nothing is left to place: two
 XLA programs sharing the cores can run slower side by side than one after
@@ -65,14 +66,14 @@ class OverlapProbe:
   REST = 4.0  # The next probe starts at least REST probe lengths after one ends (<= 20% probing).
 
   def __init__(self, max_staleness: int, *, window_s: float = 1.0, settle_s: float = 0.25,
-               start_after: int = 3, reprobe_s: float = 60.0, margin: float = 0.02):
+               start_after: int = 3, reprobe_s: float = 60.0, margin: float = 0.02, barrier: bool = False):
     if max_staleness < 1:
       raise ValueError(f"max_staleness={max_staleness}: with no overlap allowed there is nothing to probe")
     self.max_staleness = max_staleness
     self.window_s, self.settle_s, self.start_after = window_s, settle_s, start_after
     self.settle_updates = max_staleness + 1  # Updates that drain what the old setting admitted.
     self.reprobe_s, self.margin = reprobe_s, margin
-    self.admission = max_staleness
+    self.admission = 0 if barrier else max_staleness  # Until the first probe: the plan's choice.
     self.results: list[ProbeResult] = []
     self._updates = 0
     self._window = -1  # Index into PATTERN while probing; -1 between probes.
@@ -137,8 +138,9 @@ class OverlapSwitch:
     """resources=auto may probe this run: overlap is allowed at all and probing is not switched off."""
     return cfg.resources == "auto" and cfg.ebrl.max_staleness >= 1 and cfg.quotas.overlap_probe_s > 0
 
-  def __init__(self, max_staleness: int, window_s: float, log: Callable[[str], None] = print):
-    self.probe = OverlapProbe(max_staleness, window_s=window_s, settle_s=window_s / 4)
+  def __init__(self, max_staleness: int, window_s: float, log: Callable[[str], None] = print,
+               barrier: bool = False):
+    self.probe = OverlapProbe(max_staleness, window_s=window_s, settle_s=window_s / 4, barrier=barrier)
     self.listeners: list[Callable[[int], None]] = []
     self.events: list[dict] = []  # {"t": run wall_s, "label"} for the controller plot.
     self._log = log
@@ -147,6 +149,11 @@ class OverlapSwitch:
   @property
   def results(self) -> list[ProbeResult]:
     return self.probe.results
+
+  @property
+  def admission(self) -> int:
+    """The admission the queue should have now (a scheduler sets it when it starts listening)."""
+    return self.probe.admission
 
   def observe(self, env_steps: int, wall_s: float, tracer) -> None:
     before = self.probe.admission

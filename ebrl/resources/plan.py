@@ -38,6 +38,7 @@ class Plan:
   bottleneck: str
   placement: str = "threads"  # The learner beside generation ("threads") or in its own process.
   learner_sm_percent: int = 0  # Under MPS, the learner process's SM share (planner.learner_share); 0 = none.
+  barrier: bool = False  # Rollout and updates in turn (the sync schedule; the run's overlap probe may switch).
   notes: tuple[str, ...] = ()
 
   def to_dict(self) -> dict[str, Any]:

@@ -27,8 +27,24 @@ learner still trains beside it. It wins where async recvs cost more per step
 than generation latency costs the chain (a multi-task MetaWorld env's small task pools, e.g. MT10's ten).
 
 The *work-conserving bound* is what any schedule could reach with these stage
-costs on these cores: every core busy all the time at the cheapest batching
-(one generation call for all envs), i.e. cores / total cost per step.
+costs on these cores: every core busy all the time with every stage at the
+cheapest batching it was measured at, i.e. cores / total cost per step.
+
+*Side by side.* The core-load model assumes stages sharing cores lose nothing
+but the cores. Two XLA programs do lose more (their thread pools contend, their
+caches thrash), and a learner process at idle priority gets only the rollout's
+gaps. The placement probe measures both sides: generation's and the learner's
+fraction of their own speed beside each other. Run side by side until one is
+done, the other then alone, the rollout and the learner need
+`side_by_side_us` per step, below their sum only where the fractions add up to
+more than 1; a plan whose stages overlap is predicted at no more than that.
+
+The *barrier plan* is the sync schedule under this scheduler: the fully
+batched layout, and no segment starts while an update runs (the queue's
+admission 0, see overlap.py), so rollout and updates take turns and each runs
+alone: per env step, the rollout's time plus the update's. It is a candidate
+wherever overlap may be probed on the run, and chosen where the best
+overlapping plan predicts less; the run's overlap probe then checks the choice.
 
 On a GPU shared by MPS, generation keeps every SM and the learner process gets
 a share: the profile measures the learner's update and generation's call beside
@@ -42,6 +58,7 @@ import math
 from typing import Iterable
 
 from ebrl.layout import RunLayout, envs_per_group
+from ebrl.resources.overlap import OverlapSwitch
 from ebrl.resources.plan import STAGES, Plan
 from ebrl.resources.profiler import Profile, learner_priority
 from sim_adapters.tasks import multitask_tasks
@@ -59,6 +76,7 @@ class RunShape:
   render_stage: bool = False  # env.render_stage: frames drawn by a stage of their own.
   learner_priority: str = "normal"  # A learner process's CPU priority ("idle": only the rollout's gaps).
   num_tasks: int = 1  # Task pools per env group (multitask).
+  barrier: bool = False  # The barrier plan is a candidate (the run probes overlap against a barrier).
 
   @classmethod
   def from_config(cls, cfg) -> "RunShape":
@@ -66,7 +84,8 @@ class RunShape:
     return cls(num_envs=cfg.num_envs, multitask=tasks is not None, num_tasks=len(tasks) if tasks else 1,
                rollout_length=cfg.rollout_length, segments_per_update=RunLayout.from_config(cfg).segments_per_update,
                num_minibatches=cfg.algorithm.num_minibatches, max_wait_ms=cfg.ebrl.max_wait_ms,
-               render_stage=bool(cfg.env.render_stage), learner_priority=learner_priority(cfg))
+               render_stage=bool(cfg.env.render_stage), learner_priority=learner_priority(cfg),
+               barrier=OverlapSwitch.allowed(cfg))
 
 
 def fully_batched(profile: Profile, groups: int, recv_batch: int) -> bool:
@@ -152,6 +171,24 @@ def predict(costs: dict[str, float], cpu_sets: dict[str, tuple[int, ...]],
   return rates, e2e, bottleneck
 
 
+def side_by_side_us(rollout_us: float, train_us: float, speeds: tuple[float, float]) -> float:
+  """Wall µs per env step of the rollout (`rollout_us` per step alone) and the learner
+  (`train_us` alone) side by side, each at its measured fraction `speeds` of its own speed, until
+  one is done; the other then finishes alone. One after the other they need the sum; this is
+  below it exactly where the fractions add up to more than 1."""
+  f_rollout, f_train = (max(f, 1e-9) for f in speeds)
+  both = min(rollout_us / f_rollout, train_us / f_train)
+  return both + (rollout_us - both * f_rollout) + (train_us - both * f_train)
+
+
+def rollout_rate(profile: Profile, layout: dict[str, tuple[int, ...]], groups: int, recv: int, threads: int,
+                 pools: int) -> float:
+  """Env steps/s of the rollout alone (no learner beside it) with this layout and these sizes."""
+  costs = {s: c for s, c in stage_costs(profile, groups, recv, "processes").items() if s != "train"}
+  caps = stage_caps(profile, layout, threads, pools, recv * groups, recv, "processes")
+  return predict(costs, layout, caps)[1]
+
+
 def _base_layouts(cores: tuple[int, ...], splits: bool = True) -> Iterable[tuple[str, dict[str, tuple[int, ...]]]]:
   """Shared pool, then sim on a leading block with the rest shared or (splits) gen | train."""
   all_ = tuple(cores)
@@ -228,7 +265,7 @@ def _render_placed(layout: dict, render: bool) -> dict:
 
 
 def _make(mode: str, profile: Profile, shape: RunShape, layout: dict, groups: int, recv: int,
-          notes: tuple[str, ...] = (), threads: int = 0, placement: str = "threads") -> Plan:
+          notes: tuple[str, ...] = (), threads: int = 0, placement: str = "threads", barrier: bool = False) -> Plan:
   layout = _render_placed(layout, bool(profile.render) or shape.render_stage)
   auto_threads, pools = _sim_threads(layout, groups, shape)
   threads = threads or auto_threads
@@ -238,6 +275,14 @@ def _make(mode: str, profile: Profile, shape: RunShape, layout: dict, groups: in
   caps = stage_caps(profile, layout, threads, pools, gen_batch, recv, placement,
                     learner_take=0.0 if idle else costs["train"] / max(sum(costs.values()), 1e-9))
   rates, e2e, bottleneck = predict(costs, layout, caps)
+  rollout = rollout_rate(profile, layout, groups, recv, threads, pools)
+  train_us = 1e6 / max(profile.train_rate(), 1e-9)
+  if barrier:  # Rollout and updates take turns, each alone.
+    e2e, bottleneck = 1e6 / (1e6 / max(rollout, 1e-9) + train_us), "rollout and updates in turn (barrier)"
+  elif (speeds := profile.overlap_speeds(placement)) is not None:
+    side = 1e6 / side_by_side_us(1e6 / max(rollout, 1e-9), train_us, speeds)
+    if side < e2e:
+      e2e, bottleneck = side, "rollout and updates slowing each other"
   sim = layout["sim"]
   contiguous = list(sim) == list(range(sim[0], sim[0] + len(sim)))
   # EnvPool pins worker i to core offset + i: only meaningful for one pool on a dedicated block.
@@ -247,10 +292,13 @@ def _make(mode: str, profile: Profile, shape: RunShape, layout: dict, groups: in
               thread_affinity_offset=offset, num_groups=groups, recv_batch=recv, max_gen_batch=gen_batch,
               max_wait_ms=shape.max_wait_ms, num_minibatches=shape.num_minibatches, stage_cost_us=costs,
               predicted_rates=rates, predicted_env_steps_per_s=e2e, bottleneck=bottleneck, notes=notes,
-              placement=placement)
+              placement=placement, barrier=barrier)
 
 
 PROCESS_GAIN = 1.03  # The predicted speed-up that moves the learner into a process of its own.
+# The predicted speed-up that plans a barrier: a learner at the rollout's priority that takes its
+# share of the chain's cores predicts the same for overlapping and taking turns; ties overlap.
+BARRIER_GAIN = 1.02
 
 
 def placements(profile: Profile) -> tuple[str, ...]:
@@ -278,10 +326,23 @@ def plan_auto(profile: Profile, cores: tuple[int, ...], shape: RunShape, notes: 
   if not best:
     raise ValueError(f"no feasible plan for {shape.num_envs} envs")
   # A learner process costs a start-up and a second copy of the model: only for a clear gain.
+  chosen = next(iter(best.values()))
   if "processes" in best and "threads" in best:
     gain = best["processes"].predicted_env_steps_per_s / max(best["threads"].predicted_env_steps_per_s, 1e-9)
-    return best["processes"] if gain >= PROCESS_GAIN else best["threads"]
-  return next(iter(best.values()))
+    chosen = best["processes"] if gain >= PROCESS_GAIN else best["threads"]
+  if shape.barrier and fixed is None:
+    turns = plan_barrier(profile, cores, shape, notes, placement=placement or "threads")
+    if turns.predicted_env_steps_per_s > BARRIER_GAIN * chosen.predicted_env_steps_per_s:
+      return turns
+  return chosen
+
+
+def plan_barrier(profile: Profile, cores: tuple[int, ...], shape: RunShape, notes: tuple[str, ...] = (),
+                 placement: str = "threads") -> Plan:
+  """The sync schedule under this scheduler: the fully batched layout on a shared pool, rollout
+  and updates in turn (the learner best in this process, unless placed: nothing runs beside it)."""
+  _, layout = next(iter(_layouts(cores, render=bool(profile.render))))
+  return _make("auto", profile, shape, layout, 1, shape.num_envs, notes, placement=placement, barrier=True)
 
 
 def naive_layout(cores: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
@@ -326,10 +387,14 @@ def plan_manual(shape: RunShape, layout: dict[str, tuple[int, ...]], groups: int
 
 
 def work_conserving_bound(profile: Profile, cores: tuple[int, ...], shape: RunShape) -> dict[str, float]:
-  """Cores / total CPU per step at the cheapest batching (one recv and one generation call for
-  all envs), capped by the simulator alone on every core: no schedule of these stages beats it."""
+  """Cores / total CPU per step at the cheapest batching each stage was measured at, capped by the
+  simulator alone on every core: no schedule of these stages beats it."""
   n = shape.num_envs
-  costs = {"sim": profile.sim_sync_cpu_us(), "gen": profile.gen_cpu_us(n) / n,
+  most = max(p["cores"] for p in profile.sim)
+  # The cheapest measured: async recvs can cost less per step than stepping every env (MT10's
+  # pools), and generation pads to a power of two, so a call for all envs is not always cheapest.
+  costs = {"sim": min(p["cpu_us_per_step"] for p in profile.sim if p["cores"] == most),
+           "gen": min(profile.gen_cpu_us(b) / b for b in range(1, n + 1)),
            "train": profile.train_cpu_us_per_step(),
            "assemble": profile.assemble_cpu_us(n) / n}
   rate = profile.sim_rate(len(cores))

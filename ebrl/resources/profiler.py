@@ -33,7 +33,7 @@ from sim_adapters.tasks import multitask_tasks
 _WARMUP_S = 0.2
 
 
-PROFILE_VERSION = 6  # Bumped when what a profile measures changes: older cached files are measured again.
+PROFILE_VERSION = 7  # Bumped when what a profile measures changes: older cached files are measured again.
 
 
 def run_shape(cfg) -> dict[str, Any]:
@@ -83,7 +83,8 @@ class Profile:
   render: list[dict[str, float]] | None = None
   # The rollout's host work (a generation call at the full batch) while updates
   # run back to back beside it: {batch, alone_us, threads_us, processes_us} wall µs per call, the
-  # updates in a thread of this process or in a learner process. None: not measured.
+  # updates in a thread of this process or in a learner process, and {threads,processes}_update_s,
+  # those updates' wall seconds beside the calls. None: not measured.
   placement: dict[str, float] | None = None
   # Under MPS: the learner process at a few SM shares, {sm_percent, update_s, gen_us}: wall seconds
   # per update with that share, and wall µs of a generation call for every env (this process, every
@@ -180,6 +181,21 @@ class Profile:
     if not p or placement == "processes":
       return 1.0
     return max(1.0, p["threads_us"] / max(p["processes_us"], 1e-9))
+
+  def overlap_speeds(self, placement: str) -> tuple[float, float] | None:
+    """(generation's, the learner's) fraction of its own speed while the other runs beside it
+    with the learner placed so, as the placement probe measured them; None when not measured.
+
+    Their sum says whether overlap pays at all: above 1 the two side by side get more done than
+    one after the other; below, they slow each other more than they gain (XLA's thread pools of
+    two programs contending for the same few cores; a learner at idle priority that only gets
+    the rollout's gaps)."""
+    p = self.placement
+    if not p or f"{placement}_update_s" not in p:
+      return None
+    update_s = max(self.train, key=lambda q: q["samples"])["wall_s"]
+    return (min(1.0, p["alone_us"] / max(p[f"{placement}_us"], 1e-9)),
+            min(1.0, update_s / max(p[f"{placement}_update_s"], 1e-9)))
 
   def at_learner_share(self, point: dict[str, float]) -> "Profile":
     """This profile as it stands with the learner process at one measured SM share: its updates
@@ -432,14 +448,17 @@ def measure_placement(learner, sampler, spec, num_envs: int, horizon: int, segme
                       remote_factory: Callable[[], Any]) -> dict[str, float]:
   """Wall µs of one generation call for every env: alone, beside updates
   looping in a thread, and beside the same updates in a learner process (`remote_factory()` makes
-  a RemoteLearner; its updates are driven from a thread here, as a run drives them)."""
+  a RemoteLearner; its updates are driven from a thread here, as a run drives them); and the wall
+  seconds of those updates beside the calls. Both sides' slowdowns together say whether running
+  them side by side beats running them one after the other (Profile.overlap_speeds)."""
   batch = _segment_batch(spec, horizon, segments, action_size(learner.policy, spec))
   one = _gen_call(sampler, spec, num_envs)
   _, wall, _, calls = _timed(one, seconds)
-  out = {"batch": num_envs, "alone_us": wall * 1e6 / calls, "threads_us": _beside(learner, batch, one, seconds)[0]}
+  out = {"batch": num_envs, "alone_us": wall * 1e6 / calls}
+  out["threads_us"], out["threads_update_s"] = _beside(learner, batch, one, seconds)
   remote = remote_factory()
   try:
-    out["processes_us"] = _beside(remote, batch, one, seconds)[0]
+    out["processes_us"], out["processes_update_s"] = _beside(remote, batch, one, seconds)
   finally:
     remote.close()
   return out

@@ -107,6 +107,7 @@ class DeviceEbrlScheduler:
     self.queue = TrajectoryQueue(segments // per_group, ctx.max_staleness)
     if ctx.overlap is not None:  # resources=auto: overlap or a barrier, as the run measures it.
       ctx.overlap.listeners.append(self.queue.set_admission)
+      self.queue.set_admission(ctx.overlap.admission)
     lc = ctx.learner.cfg
     self.collect = make_segment_collect(self.sim, ctx.policy, ctx.layout.rollout_length, lc.gamma)
     self.reset_key, self.key = device_keys(ctx.seed, ctx.env_seed)

@@ -96,6 +96,7 @@ class EbrlScheduler:
     self.queue = TrajectoryQueue(layout.segments_per_update, ctx.max_staleness)
     if ctx.overlap is not None:  # Overlap or a barrier, as the run measures it.
       ctx.overlap.listeners.append(self.queue.set_admission)
+      self.queue.set_admission(ctx.overlap.admission)
     self.assembler = TrajectoryAssembler(ctx.spec, layout.num_envs, layout.rollout_length,
                                          lambda seg: self.queue.put(seg, seg.start_version, seg.forced),
                                          ctx.action_size)

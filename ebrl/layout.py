@@ -44,9 +44,10 @@ def _num_groups(cfg) -> int:
 
 def _recv_batch(cfg, per_group: int) -> int:
   """Envs an ebrl group's recv returns (ebrl.recv_batch = 0): half a group for one EnvPool, so
-  envs return in two waves that overlap the other group's generation; all but one env of each
-  task pool of a multi-task env, which already return independently (bigger batches spend less
-  Python time per env step)."""
+  envs return in two waves that overlap the other group's generation; all but one env of a
+  multi-task env's group, whose task pools each step their envs together: the tasks' uneven step
+  times already stagger their returns, and a policy whose call costs more than a task's step
+  (the flow) loses more to half-size calls than overlap gains (BENCHMARKS.md)."""
   if cfg.ebrl.recv_batch:
     return cfg.ebrl.recv_batch
   return max(1, per_group - 1 if is_multitask(cfg.env.name) else per_group // 2)

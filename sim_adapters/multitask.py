@@ -11,17 +11,23 @@ num_envs not a multiple of the task count the first tasks get one env more
 Two ways of receiving, one per use:
 * sync (`batch_size` unset): `step` sends every env and `recv` visits the pools
   that owe results in turn; a barrier step needs every pool anyway.
-* async (`batch_size < num_envs`): a receiver thread per pool waits on that
-  pool's `recv` (EnvPool releases the GIL there) and queues what it gets, so
-  `recv` takes whichever pools' results come first. Visiting pools in turn
-  would block on one slow task while the others have envs waiting for actions,
-  and MetaWorld's tasks differ several-fold in step and reset cost. Like one
+* async (`batch_size < num_envs`): tasks run independently of each other, the
+  envs of one task together. A receiver thread per pool waits on that pool's
+  `recv` (EnvPool releases the GIL there) and queues what it gets, so `recv`
+  takes whichever pools' results come first. Visiting pools in turn would
+  block on one slow task while the others have envs waiting for actions, and
+  MetaWorld's tasks differ several-fold in step and reset cost. Like one
   EnvPool's async recv, it returns at least `batch_size` envs (fewer only when
-  no pool has a batch in flight that could add more): what a scheduler
-  generates for at once, and so what a generation call costs, is the batch it
-  asked for. Returning whatever was ready gave a policy whose call costs tens
-  of milliseconds half-size calls (MT10, 40 envs, recv 30: 15 rows per recv
-  on average), each paying nearly a full call's cost.
+  nothing more is in flight): what a scheduler generates for at once, and so
+  what a generation call costs, is the batch it asked for.
+
+  Each task's pool is a sync-mode EnvPool: a step of the envs sent to it
+  together, received together. An env sent while its pool is stepping waits
+  for that step to be received (a second request to a sync-mode pool before
+  its recv would mix up its rows) and goes with the next. So envs a scheduler
+  holds back never leave the rest of their pool unable to return, which an
+  async pool (its batch a part of its envs) could: with its other envs parked,
+  an async pool's last env waits for a whole batch that never comes.
 """
 
 from __future__ import annotations
@@ -77,12 +83,8 @@ class MultiTaskAdapter:
     threads = num_threads if num_threads > 0 else 1
     self._subs = []
     for k, task in enumerate(tasks):
-      n = int(shares[k])
-      # Async: each pool returns about half its envs at a time (never all, so it stays async).
-      per_batch = max(1, min(n - 1, -(-n * batch_size // num_envs))) if self.is_async and n > 1 else None
-      self._subs.append(EnvPoolAdapter(PREFIX + task, n, batch_size=per_batch, seed=seed + 1000 * k,
-                                       num_threads=threads, thread_affinity_offset=thread_affinity_offset,
-                                       **kwargs))
+      self._subs.append(EnvPoolAdapter(PREFIX + task, int(shares[k]), seed=seed + 1000 * k, num_threads=threads,
+                                       thread_affinity_offset=thread_affinity_offset, **kwargs))
     self.task_ids = env_task_ids(num_envs, num_tasks)
     self.instructions = [METAWORLD_INSTRUCTIONS[tasks[k]] for k in self.task_ids]
     self._onehot = np.eye(num_tasks, dtype=np.float32)
@@ -93,6 +95,7 @@ class MultiTaskAdapter:
         action_dim=base.action_dim, action_low=base.action_low, action_high=base.action_high,
         max_episode_steps=base.max_episode_steps, has_success=True, num_tasks=num_tasks)
     self._outstanding = np.zeros(num_tasks, np.int64)  # Envs sent to pool k and not yet received.
+    self._deferred: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in tasks]  # (actions, local ids)
     self._next = 0
     # Async mode: receiver threads, started by the first reset.
     self._cond = threading.Condition()  # Guards the counts and the ready queue.
@@ -117,6 +120,7 @@ class MultiTaskAdapter:
       for k, sub in enumerate(self._subs):
         sub.reset()
         self._outstanding[k] = sub.num_envs
+        self._deferred[k] = []
         self._pool_ready[k].notify()
     if self.is_async and not self._receivers:
       self._receivers = [threading.Thread(target=self._receive, args=(k,), name=f"mt-recv{k}", daemon=True)
@@ -130,9 +134,16 @@ class MultiTaskAdapter:
     with self._cond:
       for k in np.unique(task):
         rows = task == k
-        self._subs[k].send(actions[rows], env_ids[rows] - self.offsets[k])
-        self._outstanding[k] += int(rows.sum())
-        self._pool_ready[k].notify()
+        if self.is_async and self._outstanding[k]:  # Stepping: these go with its next step.
+          self._deferred[k].append((actions[rows], env_ids[rows] - self.offsets[k]))
+          continue
+        self._send_pool(k, actions[rows], env_ids[rows] - self.offsets[k])
+
+  def _send_pool(self, k: int, actions: np.ndarray, local_ids: np.ndarray) -> None:
+    """One request to pool k (the caller holds the lock)."""
+    self._subs[k].send(actions, local_ids)
+    self._outstanding[k] += len(local_ids)
+    self._pool_ready[k].notify()
 
   def _receive(self, k: int) -> None:
     """Receiver thread of pool k (async mode): waits for envs in flight, then for their results."""
@@ -148,6 +159,9 @@ class MultiTaskAdapter:
         with self._cond:  # Both at once, so `can_recv` never sees the rows in neither place.
           self._outstanding[k] -= len(b)
           self._ready.put(b)
+          if not self._outstanding[k] and self._deferred[k] and not self._closed:  # Free: what waited.
+            waiting, self._deferred[k] = self._deferred[k], []
+            self._send_pool(k, np.concatenate([a for a, _ in waiting]), np.concatenate([i for _, i in waiting]))
     except BaseException as e:  # pylint: disable=broad-except  # Raised by recv() in the caller's thread.
       with self._cond:
         if self._error is None:
@@ -157,18 +171,16 @@ class MultiTaskAdapter:
 
 
   def can_recv(self) -> bool:
-    """Whether `recv` can return without more sends (async: some pool has a full batch in flight)."""
+    """Whether `recv` can return without more sends (some pool has envs in flight)."""
     if not self.is_async:
       return bool(self._outstanding.any())
     with self._cond:
-      return self._error is not None or not self._ready.empty() or any(
-          self._outstanding[k] >= sub.batch_size for k, sub in enumerate(self._subs))
+      return self._error is not None or not self._ready.empty() or bool(self._outstanding.any())
 
   def _more_coming(self) -> bool:
-    """Whether results not yet queued will come without another send: some pool has a whole
-    batch in flight (its receiver is waiting in its recv, or about to be)."""
+    """Whether results not yet queued will come without another send (some pool is stepping)."""
     with self._cond:
-      return any(self._outstanding[k] >= sub.batch_size for k, sub in enumerate(self._subs))
+      return bool(self._outstanding.any())
 
   def recv(self) -> StepBatch:
     if self.is_async:
@@ -216,13 +228,9 @@ class MultiTaskAdapter:
   def close(self) -> None:
     with self._cond:
       self._closed = True
-      for k, sub in enumerate(self._subs):
+      for k in range(len(self._subs)):
         self._pool_ready[k].notify()
-        if self.is_async and 0 < self._outstanding[k] < sub.batch_size:
-          # Its receiver waits in recv for envs a scheduler never sent again: step them once.
-          idle = sub.idle_env_ids()
-          sub.send(np.zeros((len(idle), self.spec.action_dim), np.float32), idle)
-    # Every receiver's recv now has a whole batch in flight: it returns within a step.
+    # A receiver in recv waits for its pool's step in flight, which returns within a step.
     deadline = time.monotonic() + _CLOSE_S
     for th in self._receivers:
       th.join(timeout=max(0.0, deadline - time.monotonic()))

@@ -96,10 +96,13 @@ class ResourceManager:
     # the layout is fully batched: its envs step together, so a barrier parks them all at once and
     # the run becomes the sync schedule. Async groups under a barrier park envs a few at a time,
     # leave too few in flight for a recv, and need the deadlock breaker (CartpoleBalance-v1, 32 envs
-    # in one group of recv 30: 57 segments force-started, 0.39x sync).
+    # in one group of recv 30: 57 segments force-started, 0.39x sync). A multi-task env's task pools
+    # each step their envs together and return whatever is in flight, so a barrier parks whole
+    # pools and stalls none: every plan of one may be probed.
     # The trainer feeds it after every update and the scheduler's queue listens.
     self.overlap = None
-    if OverlapSwitch.allowed(cfg) and planner.fully_batched(self.profile, self.plan.num_groups, self.plan.recv_batch):
+    if OverlapSwitch.allowed(cfg) and (self.shape.multitask or planner.fully_batched(
+        self.profile, self.plan.num_groups, self.plan.recv_batch)):
       self.overlap = OverlapSwitch(cfg.ebrl.max_staleness, cfg.quotas.overlap_probe_s, log, barrier=self.plan.barrier)
     self._t0 = time.time()
     self._mesa_threads = 0

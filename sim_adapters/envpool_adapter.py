@@ -197,10 +197,6 @@ class EnvPoolAdapter:
         return
     self._pool.send(np.asarray(actions, self._action_dtype), env_ids)
 
-  def idle_env_ids(self) -> np.ndarray:
-    """Envs neither stepping nor resetting (received and not sent again)."""
-    return np.flatnonzero(~self._pending).astype(np.int32)
-
   def can_recv(self) -> bool:
     """Whether `recv` can return: async EnvPool waits for a whole batch of envs in flight."""
     return bool(self._stash) or self._in_flight >= (self.batch_size if self.is_async else 1)

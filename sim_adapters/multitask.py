@@ -171,9 +171,8 @@ class MultiTaskAdapter:
 
 
   def can_recv(self) -> bool:
-    """Whether `recv` can return without more sends (some pool has envs in flight)."""
-    if not self.is_async:
-      return bool(self._outstanding.any())
+    """Whether `recv` can return without more sends: some pool has envs in flight, or (async) a
+    result or a receiver's error is queued."""
     with self._cond:
       return self._error is not None or not self._ready.empty() or bool(self._outstanding.any())
 

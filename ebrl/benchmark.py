@@ -35,6 +35,7 @@ import json
 import math
 import os
 import tempfile
+import threading
 import time
 from typing import Callable, Sequence
 
@@ -164,15 +165,17 @@ def _ratio_name(a: str, b: str) -> str:
 
 class _Window:
   """Opens the timed window after the warm-up updates and the first overlap probe, and closes it
-  at the deadline."""
+  `seconds` later (a timer sets the run's stop)."""
 
   def __init__(self, warmup: int, seconds: float):
     self.warmup, self.seconds, self.updates = warmup, seconds, 0
     self.start = None
     self.probe_s = 0.0  # From the warm-up's end to the first probe's decision.
     self._warm_at = None
+    self.timer: threading.Timer | None = None
 
-  def __call__(self, trainer) -> None:
+  def observe(self, trainer) -> None:
+    """After each update's report."""
     self.updates += 1
     if self.start is not None or self.updates < self.warmup:
       return
@@ -182,7 +185,9 @@ class _Window:
       return
     self.probe_s = time.time() - self._warm_at
     self.start = _mark(trainer)
-    trainer.deadline = time.time() + self.seconds
+    self.timer = threading.Timer(self.seconds, trainer.stop_requested.set)
+    self.timer.daemon = True
+    self.timer.start()
 
   def result(self, trainer, end: tuple) -> dict:
     t0, s0, c0, cpu0, steal0 = self.start
@@ -267,14 +272,18 @@ def _timed_run(name: str, trainer, warmup_updates: int, seconds: float) -> dict:
 
   cfg = trainer.cfg
   window = _Window(warmup_updates, seconds)
-  trainer.update_hooks.append(window)
   scheduler = make_scheduler(cfg.scheduler, trainer.run_context())
-  scheduler.run(trainer.state, cfg.total_env_steps)  # Each update's state reaches the trainer.
+  try:
+    for _ in trainer.run(scheduler=scheduler):
+      window.observe(trainer)
+  finally:
+    if window.timer is not None:
+      window.timer.cancel()
   end = _mark(trainer)
   if window.start is None:
     raise RuntimeError(f"scheduler {name} ended before its warm-up finished")
   result = window.result(trainer, end)
-  if getattr(scheduler, "overlaps_training", False):
+  if scheduler.overlaps_training:
     result["rollout_env_steps_per_s"] = result["e2e_env_steps_per_s"]
   if trainer.resources is not None:
     plan = trainer.resources.plan

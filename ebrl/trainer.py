@@ -1,10 +1,11 @@
 """A training run: builds the stages from a config and owns the run's outputs.
 
-`train` hands the scheduler a RunContext (ebrl/scheduler/context.py) and
-runs it; after each update the scheduler reports through RunLog to
-`after_update`, which keeps the new state, logs metrics.jsonl / TensorBoard /
-the progress bar, checkpoints, and tracks time to success. `finish` writes
-the final checkpoint, summary.json and plots. Everything that can be wrong
+`run` hands the scheduler a RunContext (ebrl/scheduler/context.py) and drives
+it (ebrl/driver.py): each update's report goes to `record`, which keeps the
+new state, logs metrics.jsonl / TensorBoard / the progress bar, checkpoints,
+and tracks time to success, and to the tuners (the overlap probe, the resource
+controller), whose knobs go back to the scheduler. `finish` writes the final
+checkpoint, summary.json and plots. Everything that can be wrong
 with the user's request is checked before anything is compiled (see
 ebrl/validation.py).
 """
@@ -18,7 +19,7 @@ import math
 import os
 import threading
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 import jax
 import numpy as np
@@ -28,6 +29,7 @@ import tqdm.auto
 from ebrl import interrupts, validation
 from ebrl import workdir as workdir_lib
 from ebrl.checkpointing import Checkpointer
+from ebrl.driver import Budget, drive
 from ebrl.errors import UserError
 from ebrl.layout import RunLayout
 from ebrl.learner import Learner, LearnerConfig, make_mesh, with_reference
@@ -37,13 +39,14 @@ from ebrl.resources import gpu_sharing, profiler
 from ebrl.resources.overlap import OverlapSwitch
 from ebrl.sampler import Sampler
 from ebrl.scheduler import make_scheduler
-from ebrl.scheduler.context import RunContext, RunLog
+from ebrl.scheduler.context import RunContext
 from ebrl.telemetry import plots
 from ebrl.telemetry.episodes import EpisodeTracker
 from ebrl.telemetry.stages import StageClock
 from ebrl.telemetry.trace import Tracer
 from ebrl.telemetry.writers import MetricsWriter, read_jsonl, write_json
 from ebrl.transport import shm
+from ebrl.tuning import Mark, UpdateReport
 from policies import IncompatibleObservationError, make_policy
 from policies.base import action_size
 from sim_adapters import is_device_env, make_env_groups, multitask_tasks
@@ -94,6 +97,26 @@ def _best_by_task(best: dict[str, float | None], now: dict[str, float | None]) -
 
 def _skipped(state) -> int | None:
   return None if state.skipped_updates.is_deleted() else int(state.skipped_updates)
+
+
+class LearnerProcessPlacement:
+  """Moves the learner process with each plan: to the plan's train cores, and, under MPS
+  (`sharing`), to its SM share, which takes a restart of the process."""
+
+  def __init__(self, remote: RemoteLearner, sharing, say: Callable[[str], None]):
+    self.remote, self.sharing, self.say = remote, sharing, say
+
+  def follow(self, plan) -> list[Mark]:
+    """Between updates (the driver's turn); returns a mark when the process was restarted."""
+    remote = self.remote
+    changes = (self.sharing.learner_env(plan.learner_sm_percent) if self.sharing and plan.learner_sm_percent
+               else {"env": remote.spec.env, "unset_env": remote.spec.unset_env})
+    if changes["env"] == remote.spec.env:
+      remote.set_cores(plan.cpu_sets["train"])
+      return []
+    remote.respawn(**changes, cores=tuple(plan.cpu_sets["train"]))
+    self.say(f"[placement] learner process restarted as {remote.pid} with {plan.learner_sm_percent}% of the SMs")
+    return [Mark("learner_respawn", f"learner {plan.learner_sm_percent}% SMs", {"pid": remote.pid})]
 
 
 class Trainer:
@@ -188,7 +211,6 @@ class Trainer:
                                      warn=lambda m: tqdm.tqdm.write(m))
     self._hold("checkpointer", self.checkpointer.close)
     self.state = self.learner.init(jax.random.PRNGKey(cfg.seed))
-    self.env_steps = 0
     self.prior_wall_s = 0.0  # Wall time of earlier launches of this run (resume).
     self.time_to_success_s = None
     self.env_steps_to_success = None  # Env steps when time_to_success_s was reached (sample efficiency).
@@ -199,6 +221,7 @@ class Trainer:
     # capacity (the only source of such samples), over every launch of the run.
     self.stale_dropped = 0
     self.force_started = 0
+    self.events: list[dict] = []  # {"t": run wall_s, "label"}: the tuners' actions, for the controller plot.
     self.start_eval: dict | None = None  # cfg.eval_episodes > 0: the starting policy's evaluation.
     restored = self._resume() if cfg.resume else False
     if cfg.warm_start and restored:
@@ -220,8 +243,6 @@ class Trainer:
     self._last_log = (self.start_time, self.env_steps)
     self._last_ckpt = self.start_time
     self._last_metrics: dict = {}
-    self.deadline: float | None = None  # Wall-clock stop (benchmarks), besides the step budget.
-    self.update_hooks: list = []  # Called as hook(trainer) after every update.
     # tqdm.auto: a widget in a notebook, the text bar in a terminal.
     self.bar = tqdm.auto.tqdm(total=cfg.total_env_steps, initial=self.env_steps, unit="step", unit_scale=True,
                          mininterval=1.0, dynamic_ncols=True, disable=not progress)
@@ -229,6 +250,8 @@ class Trainer:
     if remote_spec is not None:
       self.learner = self._learner_process(remote_spec, say)
       self._hold("learner process", self.learner.close)
+    # Tuners: the resource controller and the overlap probe (ebrl/tuning.py), in that order.
+    self.tuners = tuple(t for t in (self.resources, self.overlap) if t is not None)
     # Last: a run that failed to build leaves no config.json, so the same workdir takes a retry.
     workdir_lib.write_config(self.workdir, cfg)
 
@@ -295,17 +318,8 @@ class Trainer:
       spec = dataclasses.replace(spec, **sharing.learner_env(sm))
       share = f", {sm}% of the SMs"
     remote = RemoteLearner(self.learner, spec)
-    if self.resources is not None:
-      def follow(plan) -> None:  # On the learner thread, between updates (ResourceManager.observe).
-        changes = (sharing.learner_env(plan.learner_sm_percent) if mps and plan.learner_sm_percent
-                   else {"env": remote.spec.env, "unset_env": remote.spec.unset_env})
-        if changes["env"] == remote.spec.env:
-          remote.set_cores(plan.cpu_sets["train"])
-        else:
-          remote.respawn(**changes, cores=tuple(plan.cpu_sets["train"]))
-          self.resources.events.append({"t": self.wall_s(), "label": f"learner {plan.learner_sm_percent}% SMs"})
-          say(f"[placement] learner process restarted as {remote.pid} with {plan.learner_sm_percent}% of the SMs")
-      self.resources.listeners.append(follow)
+    if self.resources is not None:  # Each re-plan moves it (ResourceManager.decide).
+      self.resources.learner_process = LearnerProcessPlacement(remote, sharing if mps else None, say)
     say(f"[placement] learner in process {remote.pid}" + (f" on cores {spec.cores}" if spec.cores else "") + share
         + (", at idle CPU priority" if spec.priority == "idle" else ""))
     if sharing is None or sharing.mode == "off":  # placement=auto's choice, or a Trainer built directly.
@@ -359,22 +373,28 @@ class Trainer:
     return self.host_envs if self.host_envs is not None else self.device_sim
 
   def run_context(self) -> RunContext:
-    """What the scheduler drives and reports to (ebrl/scheduler/context.py)."""
+    """What the scheduler drives (ebrl/scheduler/context.py)."""
     cfg = self.cfg
     return RunContext(
         layout=self.layout, spec=self.spec, action_size=self.action_size, policy=self.policy,
         sampler=self.sampler, learner=self.learner, params=self.params, clock=self.clock, tracker=self.tracker,
-        log=RunLog(add_env_steps=self.add_env_steps, after_update=self.after_update, should_stop=self.should_stop,
-                   note_force_started=self.note_force_started),
-        host_envs=self.host_envs, device_sim=self.device_sim, seed=cfg.seed, env_seed=self.env_seed,
-        max_staleness=cfg.ebrl.max_staleness, max_wait_s=cfg.ebrl.max_wait_ms / 1000.0, resources=self.resources,
-        overlap=self.overlap)
+        stop=self.stop_requested, host_envs=self.host_envs, device_sim=self.device_sim, seed=cfg.seed,
+        env_seed=self.env_seed, max_staleness=cfg.ebrl.max_staleness, max_wait_s=cfg.ebrl.max_wait_ms / 1000.0,
+        pinning=self.resources.enforcer if self.resources is not None else None)
 
-  def train(self, total_env_steps: int | None = None) -> None:
-    """Runs the config's scheduler from the current state until the budget (default the config's)
-    is spent or a stop is requested; `finish` then writes the outputs."""
-    scheduler = make_scheduler(self.cfg.scheduler, self.run_context())
-    self.state = scheduler.run(self.state, self.cfg.total_env_steps if total_env_steps is None else total_env_steps)
+  def run(self, total_env_steps: int | None = None, scheduler=None) -> Iterator[UpdateReport]:
+    """Drives the config's scheduler (or `scheduler`) from the current state until the budget
+    (default the config's) is spent or a stop is requested, yielding each update's report once
+    recorded; `finish` then writes the outputs."""
+    total = self.cfg.total_env_steps if total_env_steps is None else total_env_steps
+    scheduler = scheduler or make_scheduler(self.cfg.scheduler, self.run_context())
+    budget = Budget(updates=self.layout.updates_for(total), env_steps=total, stop=self.stop_requested)
+    return drive(scheduler, self.state, self, self.tuners, budget, self.updates_done, self.env_steps)
+
+  def train(self, total_env_steps: int | None = None, scheduler=None) -> None:
+    """`run` to the end."""
+    for _ in self.run(total_env_steps, scheduler):
+      pass
 
   def _build_host_groups(self, cfg, layout: RunLayout) -> None:
     """EnvPool env groups (host simulators) for the sync / pipelined / ebrl schedulers."""
@@ -428,7 +448,7 @@ class Trainer:
     """plots/controller.png: throughput against the plan's prediction, shifts and re-plans marked."""
     from ebrl.telemetry.shift_plot import demand_shift
 
-    events = list(self.resources.events) + (list(self.overlap.events) if self.overlap is not None else [])
+    events = list(self.events)
     shifted = self.host_envs[0].shifted_at if self.cfg.env.shift_sim_us else None  # Every group shifts at once.
     if shifted is not None:
       events.append({"t": self.prior_wall_s + shifted - self.launch_time,
@@ -443,7 +463,7 @@ class Trainer:
     if restored is None:
       return False
     self.state, meta = restored
-    self.env_steps = int(meta["env_steps"])
+    self.tracker.env_steps = int(meta["env_steps"])
     self.prior_wall_s = float(meta["wall_s"])
     self.time_to_success_s = meta.get("time_to_success_s")
     self.env_steps_to_success = meta.get("env_steps_to_success")
@@ -508,43 +528,32 @@ class Trainer:
     """Physics steps taken; with action chunks env_steps counts decisions (one per chunk)."""
     return sum(int(group.sim_steps) for group in self.host_envs)  # Chunks run on host envs only.
 
-  def add_env_steps(self, n: int) -> None:
-    if "first_env_steps" not in self.startup_s:
-      self.startup_s["first_env_steps"] = time.time() - self.launch_time
-    self.env_steps += n
-    if self.time_to_success_s is None:
-      self._note_success()
+  @property
+  def env_steps(self) -> int:
+    """The run's env steps (decisions), as the schedulers count them on the tracker."""
+    return self.tracker.env_steps
 
   def _note_success(self) -> None:
     """Takes the moment the episode window first reached the target (the tracker notes it as the
-    episodes finish), with the env steps taken by then, to within one step batch. Every scheduler
-    hands a step's episodes to the tracker before it counts the step here."""
-    hit = self.tracker.first_hit
-    if hit is not None:
-      self.time_to_success_s = self.prior_wall_s + hit - self.launch_time
-      self.env_steps_to_success = self.env_steps
+    episodes finish, and the env steps taken by then, to within one step batch)."""
+    if self.time_to_success_s is None and self.tracker.env_steps_at_hit is not None:
+      self.time_to_success_s = self.prior_wall_s + self.tracker.first_hit - self.launch_time
+      self.env_steps_to_success = self.tracker.env_steps_at_hit
 
-  def should_stop(self, total_env_steps: int) -> bool:
-    """A learning run ends after the updates its budget pays for (ebrl.layout.total_updates), the
-    count its learning-rate schedule decays over; a random one after its env steps. Also at the
-    deadline (benchmarks) or when a stop was requested (Ctrl-C)."""
-    if self.stop_requested.is_set() or (self.deadline is not None and time.time() >= self.deadline):
-      return True
-    if self.cfg.scheduler == "random":
-      return self.env_steps >= total_env_steps
-    return self.updates_done >= self.layout.updates_for(total_env_steps)
-
-  def note_force_started(self, n: int) -> None:
-    self.force_started += n
-
-  def after_update(self, state, metrics: dict) -> None:
+  def record(self, report: UpdateReport) -> None:
+    """An update's report: its state becomes the run's; metrics, checkpoint and progress as due."""
     now = time.time()
+    if "first_env_steps" not in self.startup_s and self.tracker.first_step_time is not None:
+      self.startup_s["first_env_steps"] = self.tracker.first_step_time - self.launch_time
     if "first_update" not in self.startup_s:
       self.startup_s["first_update"] = now - self.launch_time
-    self.state = state
-    self.updates_done = int(state.version)
+    self.state = report.state
+    metrics = report.metrics
+    self.updates_done = int(report.state.version)
+    self.force_started += report.force_started
     if "stale_dropped" in metrics:
       self.stale_dropped += int(metrics["stale_dropped"])
+    self._note_success()
     sr = self.tracker.success_rate
     if math.isfinite(sr):
       self.best_success_rate = sr if not math.isfinite(self.best_success_rate) else max(self.best_success_rate, sr)
@@ -554,12 +563,6 @@ class Trainer:
     if self.tracker.tasks:
       self.best_success_by_task = _best_by_task(self.best_success_by_task, self.tracker.success_rate_by_task)
     self._last_metrics = metrics
-    if self.overlap is not None:
-      self.overlap.observe(self.env_steps, self.wall_s(), self.tracer)
-    if self.resources is not None:
-      self.resources.observe(self.env_steps, self.clock.snapshot(), self.wall_s(), self.tracer)
-    for hook in self.update_hooks:
-      hook(self)
     if now - self._last_log[0] >= self.cfg.log_every_s:
       self.log(metrics)
     if now - self._last_ckpt >= self.cfg.checkpoint_every_s:
@@ -568,6 +571,11 @@ class Trainer:
     self.bar.set_postfix_str(f"success {sr:.2f}" if math.isfinite(sr)
                              else f"return {self.tracker.episode_return:.1f}", refresh=False)
     self.bar.update(min(self.env_steps, self.cfg.total_env_steps) - self.bar.n)
+
+  def mark(self, mark: Mark, t: float) -> None:
+    """A tuner's action at time.time() `t`: on the trace's timeline and the controller plot."""
+    self.events.append({"t": self.prior_wall_s + t - self.launch_time, "label": mark.label})
+    self.tracer.instant(mark.name, mark.args)
 
   def staleness_mean(self) -> float:
     """Mean policy-version lag of the samples in the last update (0 for sync)."""
@@ -628,6 +636,7 @@ class Trainer:
 
   def _finish(self) -> dict:
     self.bar.close()
+    self._note_success()  # Episodes that reached the target after the last update.
     if self._last_metrics:
       self.log(self._last_metrics)
     if self.tracker.tasks:  # Episodes that finished after the last update count too.

@@ -139,8 +139,7 @@ def _ebrl_with_fake_envs(tmp_path, *, eta: int, group_envs: int, recv_batch: int
       return update(state, batch)
 
     trainer.learner.update_segments = slow_update
-  trainer.update_hooks.append(lambda t: seen.append(dict(t._last_metrics)))  # pylint: disable=protected-access
-  scheduler.run(trainer.state, cfg.total_env_steps)
+  seen.extend(dict(report.metrics) for report in trainer.run(scheduler=scheduler))
   trainer.finish()
   assert not _stage_threads()
   return scheduler, trainer, taken, seen
@@ -288,9 +287,7 @@ def _stage_threads():
 
 def test_ebrl_run_trains_bounds_staleness_and_leaves_no_thread(tmp_path):
   trainer = Trainer(_tiny_ebrl_config(2_000), str(tmp_path), progress=False)
-  seen = []
-  trainer.update_hooks.append(lambda t: seen.append(t._last_metrics))  # pylint: disable=protected-access
-  make_scheduler("ebrl", trainer.run_context()).run(trainer.state, 2_000)
+  seen = [report.metrics for report in trainer.run(2_000)]
   summary = trainer.finish()
   assert not _stage_threads()
   assert summary["env_steps"] >= 2_000 and summary["policy_version"] >= 20
@@ -302,16 +299,14 @@ def test_ebrl_run_trains_bounds_staleness_and_leaves_no_thread(tmp_path):
 def test_resumed_ebrl_run_keeps_the_staleness_bound_without_dropping(tmp_path):
   """A resumed run counts its earlier updates' segments as started: no burst of too-stale segments."""
   trainer = Trainer(_tiny_ebrl_config(1_000), str(tmp_path), progress=False)
-  make_scheduler("ebrl", trainer.run_context()).run(trainer.state, 1_000)
+  trainer.train(1_000)
   first = trainer.finish()
   cfg = _tiny_ebrl_config(2_000)
   cfg.resume = True
   trainer = Trainer(cfg, str(tmp_path), progress=False)
   assert int(trainer.state.version) == first["policy_version"] > 0
-  seen = []
-  trainer.update_hooks.append(lambda t: seen.append(t._last_metrics))  # pylint: disable=protected-access
   scheduler = make_scheduler("ebrl", trainer.run_context())
-  scheduler.run(trainer.state, 2_000)
+  seen = [report.metrics for report in trainer.run(2_000, scheduler)]
   trainer.finish()
   assert len(seen) >= 5
   for m in seen:
@@ -337,7 +332,7 @@ def test_stage_exception_surfaces_as_the_runs_error(tmp_path):
 
   trainer.learner.update_segments = broken
   with pytest.raises(FloatingPointError, match="learner exploded"):
-    make_scheduler("ebrl", trainer.run_context()).run(trainer.state, 10**9)
+    trainer.train(10**9)
   assert not _stage_threads()
   trainer.envs.close()
 
@@ -351,7 +346,6 @@ def test_ctrl_c_stops_threads_saves_checkpoint_and_summary(tmp_path):
 
 
 def test_mt10_receiver_error_ends_an_ebrl_run(tmp_path):
-  from ebrl.scheduler import make_scheduler  # pylint: disable=g-import-not-at-top
   from ebrl.trainer import Trainer
   from launch.configs import default
 
@@ -372,7 +366,7 @@ def test_mt10_receiver_error_ends_an_ebrl_run(tmp_path):
 
   sub.calls, sub.recv = 0, flaky
   with pytest.raises(RuntimeError, match="DrawerClose-v3 failed: ValueError: simulated EnvPool failure"):
-    make_scheduler("ebrl", trainer.run_context()).run(trainer.state, cfg.total_env_steps)
+    trainer.train()
   assert time.time() - failed_at[0] < 10  # The run ended with the receiver's error within 10 s.
   close_start = time.time()
   trainer.envs.close()
@@ -407,9 +401,9 @@ def test_fully_batched_layout_steps_every_env_together_within_the_bound(tmp_path
   scheduler = make_scheduler("ebrl", trainer.run_context())
   assert scheduler.inline  # One lockstep group generates on its own thread.
   taken, seen, threads = _record_batches(scheduler.queue), [], set()
-  trainer.update_hooks.append(lambda t: seen.append(dict(t._last_metrics)))  # pylint: disable=protected-access
-  trainer.update_hooks.append(lambda t: threads.update(th.name for th in _stage_threads()))
-  scheduler.run(trainer.state, cfg.total_env_steps)
+  for report in trainer.run(scheduler=scheduler):
+    seen.append(dict(report.metrics))
+    threads.update(th.name for th in _stage_threads())
   summary = trainer.finish()
   assert not _stage_threads() and threads == {"group0", "learner"}  # No sampler thread.
   assert summary["env_steps"] >= cfg.total_env_steps and len(taken) >= 8

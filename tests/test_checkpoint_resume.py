@@ -20,7 +20,6 @@ import numpy as np
 import pytest
 
 from ebrl.errors import UserError
-from ebrl.scheduler import make_scheduler
 from ebrl.trainer import Trainer
 from launch.configs import default
 
@@ -43,7 +42,7 @@ def tiny_config(total: int = 256, resume: bool = False):
 
 def train(workdir, total, resume=False):
   trainer = Trainer(tiny_config(total, resume), str(workdir), progress=False)
-  make_scheduler("sync", trainer.run_context()).run(trainer.state, total)
+  trainer.train(total)
   trainer.finish()
   return trainer
 
@@ -101,7 +100,7 @@ def test_resume_restores_state_counters_and_rng(first_run, tmp_path):
   s2, _ = done.learner.update(copy_of(done.state), ro)
   for a, b in zip(leaves(s1), leaves(s2)):
     np.testing.assert_array_equal(a, b)
-  make_scheduler("sync", resumed.run_context()).run(resumed.state, 256)
+  resumed.train(256)
   summary = resumed.finish()
   assert summary["env_steps"] == 256
   assert summary["policy_version"] == 8  # 4 updates before, 4 after.
@@ -122,7 +121,7 @@ def test_corrupt_checkpoint_is_reported_and_older_one_used(first_run, tmp_path, 
   shutil.copytree(workdir, copy)
   # A second, older good checkpoint: write one at step 64 from the same state.
   trainer = Trainer(tiny_config(256, resume=True), str(copy), progress=False)
-  trainer.env_steps = 64
+  trainer.tracker.env_steps = 64
   trainer.checkpoint()
   trainer.checkpointer.close()
   _corrupt(copy / "checkpoints" / "128")

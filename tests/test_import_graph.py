@@ -132,6 +132,9 @@ def test_no_import_cycle():
     ("ebrl.scheduler.ebrl", "ebrl.trainer"),
     ("ebrl.scheduler.device_sync", "ebrl.trainer"),
     ("ebrl.scheduler.device_ebrl", "ebrl.trainer"),
+    ("ebrl.tuning", "ebrl.scheduler.context"),
+    ("ebrl.resources.manager", "ebrl.scheduler.context"),
+    ("ebrl.scheduler.ebrl", "ebrl.driver"),
     ("sim_adapters.base", "ebrl.learner"),
     ("policies.base", "ebrl.learner"),
 ])

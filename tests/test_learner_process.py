@@ -294,14 +294,11 @@ def test_a_run_with_a_learner_process_keeps_the_staleness_bound_under_random_del
   import functools  # pylint: disable=g-import-not-at-top
 
   from ebrl import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
-  from ebrl.scheduler import make_scheduler  # pylint: disable=g-import-not-at-top
-
   monkeypatch.setattr(trainer_lib, "LearnerProcessSpec", functools.partial(LearnerProcessSpec, delay_s=(0.0, 0.06)))
   trainer = trainer_lib.Trainer(_run_config(1_500, eta), str(tmp_path), progress=False)
   assert isinstance(trainer.learner, RemoteLearner)
-  pid, seen = trainer.learner.pid, []
-  trainer.update_hooks.append(lambda t: seen.append(t._last_metrics))  # pylint: disable=protected-access
-  make_scheduler("ebrl", trainer.run_context()).run(trainer.state, 1_500)
+  pid = trainer.learner.pid
+  seen = [report.metrics for report in trainer.run(1_500)]
   summary = trainer.finish()
   assert summary["env_steps"] >= 1_500 and summary["policy_version"] == len(seen) >= 15
   assert max(int(m["staleness_max"]) for m in seen) <= eta
@@ -329,15 +326,15 @@ def test_a_learner_process_killed_mid_run_ends_the_run_within_10_s_and_releases_
   import ebrl  # pylint: disable=g-import-not-at-top
   from ebrl.trainer import Trainer  # pylint: disable=g-import-not-at-top
 
-  killed_at, after_update = [], Trainer.after_update
+  killed_at, record = [], Trainer.record
 
-  def kill_once(self, state, metrics):
-    after_update(self, state, metrics)
-    if not killed_at and int(state.version) >= 3:
+  def kill_once(self, report):
+    record(self, report)
+    if not killed_at and int(report.state.version) >= 3:
       os.kill(self.learner.pid, signal.SIGKILL)
       killed_at.append(time.time())
 
-  monkeypatch.setattr(Trainer, "after_update", kill_once)
+  monkeypatch.setattr(Trainer, "record", kill_once)
   with pytest.raises(StageProcessError, match=r"learner process \(pid \d+\) was killed by SIGKILL"):
     ebrl.train(_run_config(10**9), str(tmp_path / "run"), progress=False, log=lambda m: None)
   assert time.time() - killed_at[0] < 10
@@ -374,10 +371,9 @@ def test_an_error_in_a_loop_releases_everything_even_when_closing_the_envs_fails
 
 
 def test_a_bench_entry_that_ends_before_its_warm_up_releases_its_learner_process(tmp_path, monkeypatch):
-  from ebrl import benchmark  # pylint: disable=g-import-not-at-top
-  from ebrl.trainer import Trainer  # pylint: disable=g-import-not-at-top
+  from ebrl import benchmark, driver  # pylint: disable=g-import-not-at-top
 
-  monkeypatch.setattr(Trainer, "should_stop", lambda self, total: self.updates_done >= 2)
+  monkeypatch.setattr(driver.Budget, "spent", lambda self, learns, updates_done, env_steps: updates_done >= 2)
   with pytest.raises(RuntimeError, match="ended before its warm-up finished"):
     benchmark.run_one("ebrl@processes", _run_config(10**9), str(tmp_path / "bench"), warmup_updates=50, seconds=1.0)
   assert _open_files_under(tmp_path) == []
@@ -500,23 +496,21 @@ def test_a_new_plan_share_restarts_the_learner_process_under_mps(tmp_path, monke
   daemon = type("Daemon", (), {"pipe_dir": str(tmp_path / "mps-pipe"), "stop": lambda self: None})()
   monkeypatch.setattr(gpu_sharing, "_current", gpu_sharing.GpuSharing("mps", "[placement] MPS (test)", daemon))
   cfg = _run_config(10**9)
-  cfg.resources = "naive"  # A plan and its listeners, without a calibration.
+  cfg.resources = "naive"  # A plan and its learner process placement, without a calibration.
   trainer = Trainer(cfg, str(tmp_path / "run"), progress=False)
   try:
     remote = trainer.learner
     state, _ = remote.update_segments(trainer.state, _run_batch(trainer))
     first = remote.pid
-    plan = trainer.resources.plan
-    for listener in trainer.resources.listeners:
-      listener(plan)  # Same plan: the same process.
+    plan, placement = trainer.resources.plan, trainer.resources.learner_process
+    assert placement.follow(plan) == []  # Same plan: the same process.
     assert remote.pid == first
-    for listener in trainer.resources.listeners:
-      listener(plan.replace(learner_sm_percent=65))
+    marks = placement.follow(plan.replace(learner_sm_percent=65))
     assert remote.pid != first
     state, _ = remote.update_segments(state, _run_batch(trainer))
     assert int(state.version) == 2
     assert remote.child_env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "65"
-    assert any(e["label"] == "learner 65% SMs" for e in trainer.resources.events)
+    assert [m.label for m in marks] == ["learner 65% SMs"]
   finally:
     trainer.abort()
 

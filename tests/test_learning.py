@@ -8,7 +8,6 @@ import json
 
 import pytest
 
-from ebrl.scheduler import make_scheduler
 from ebrl.trainer import Trainer
 from launch.configs import default
 
@@ -18,7 +17,7 @@ def test_sync_ppo_solves_reach(tmp_path):
   cfg.total_env_steps = 300_000
   cfg.checkpoint_every_s = 1e9
   trainer = Trainer(cfg, str(tmp_path), progress=False)
-  make_scheduler("sync", trainer.run_context()).run(trainer.state, cfg.total_env_steps)
+  trainer.train()
   summary = trainer.finish()
   rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   returns = [r["episode_return"] for r in rows if r["episode_return"] is not None]
@@ -45,7 +44,7 @@ def test_default_ppo_holds_success_on_drawer_close(tmp_path):
   cfg.env.name = "MetaWorld/DrawerClose-v3"
   cfg.checkpoint_every_s = 1e9
   trainer = Trainer(cfg, str(tmp_path), progress=False)
-  make_scheduler("sync", trainer.run_context()).run(trainer.state, cfg.total_env_steps)
+  trainer.train()
   summary = trainer.finish()
   assert summary["best_success_rate"] >= 0.9
   assert summary["final_success_rate"] >= 0.9
@@ -63,7 +62,7 @@ def test_default_ppo_solves_faucet_close(tmp_path):
   cfg.total_env_steps = 600_000
   cfg.checkpoint_every_s = 1e9
   trainer = Trainer(cfg, str(tmp_path), progress=False)
-  make_scheduler("sync", trainer.run_context()).run(trainer.state, cfg.total_env_steps)
+  trainer.train()
   summary = trainer.finish()
   assert summary["final_success_rate"] >= 0.9, summary
   assert summary["env_steps_to_success"] is not None

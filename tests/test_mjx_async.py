@@ -51,8 +51,7 @@ def _run(cfg, workdir):
   trainer = Trainer(cfg, str(workdir), progress=False)
   seen = []
   # pylint: disable-next=protected-access
-  trainer.update_hooks.append(lambda t: seen.append(jax.device_get(t._last_metrics)))
-  make_scheduler("ebrl", trainer.run_context()).run(trainer.state, cfg.total_env_steps)
+  seen.extend(jax.device_get(report.metrics) for report in trainer.run())
   return trainer, trainer.finish(), seen
 
 
@@ -85,16 +84,16 @@ def test_resources_auto_probes_overlap_on_device_groups_and_a_barrier_holds(tmp_
   assert trainer.resources is None and trainer.overlap is not None  # Nothing to place, only the probe.
   scheduler = make_scheduler("ebrl", trainer.run_context())
   admissions, per_update = [], []
-  trainer.overlap.listeners.insert(0, admissions.append)
-  # pylint: disable=protected-access
-  trainer.update_hooks.append(lambda t: per_update.append((scheduler.queue.admission,
-                                                            int(t._last_metrics["staleness_max"]))))
-  trainer.update_hooks.append(lambda t: scheduler._stop.set() if t.overlap.results else None)
-  # pylint: enable=protected-access
-  scheduler.run(trainer.state, cfg.total_env_steps)
+  apply = scheduler.apply
+  scheduler.apply = lambda knobs: (admissions.append(knobs.admission) if knobs.admission is not None else None,
+                                   apply(knobs))
+  for report in trainer.run(scheduler=scheduler):
+    per_update.append((scheduler.queue.admission, int(report.metrics["staleness_max"])))
+    if trainer.overlap.results:
+      break
   trainer.finish()
   result = trainer.overlap.results[0]
-  assert admissions[:3] == [0, 2, 0]
+  assert admissions[:4] == [2, 0, 2, 0]  # The first: the initial knob.
   assert result.overlapped_env_steps_per_s > 0 and result.barrier_env_steps_per_s > 0
   assert scheduler.queue.admission == result.admission
   assert max(lag for _, lag in per_update) <= 2
@@ -163,7 +162,7 @@ def test_thread_exception_is_the_runs_error(stage, tmp_path):
   else:
     trainer.learner.update_segments = broken
   with pytest.raises(FloatingPointError, match=f"{stage} exploded"):
-    scheduler.run(trainer.state, 10**9)
+    trainer.train(10**9, scheduler)
   assert not _stage_threads()
   trainer.envs.close()
 

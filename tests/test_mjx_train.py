@@ -46,11 +46,10 @@ def _tiny_cfg(**overrides):
 
 
 def _train(cfg, workdir):
-  from ebrl.scheduler import make_scheduler
   from ebrl.trainer import Trainer
 
   trainer = Trainer(cfg, str(workdir), progress=False)
-  make_scheduler(cfg.scheduler, trainer.run_context()).run(trainer.state, cfg.total_env_steps)
+  trainer.train()
   return trainer, trainer.finish()
 
 

@@ -163,16 +163,19 @@ def test_an_ebrl_run_probes_overlap_and_keeps_the_staleness_bound(tmp_path, cont
   assert (mgr.plan.num_groups, mgr.plan.recv_batch) == (1, 8) and mgr.overlap is not None
   assert mgr.plan.barrier == contended
   scheduler = make_scheduler("ebrl", trainer.run_context())
-  assert scheduler.queue.admission == (0 if contended else 1)
+  assert mgr.overlap.initial().admission == (0 if contended else 1)
   admissions, staleness = [], []
-  assert trainer.overlap is mgr.overlap  # The trainer feeds it; the queue listens.
-  mgr.overlap.listeners.insert(0, admissions.append)
-  trainer.update_hooks.append(lambda t: staleness.append(int(t._last_metrics["staleness_max"])))  # pylint: disable=protected-access
-  trainer.update_hooks.append(lambda t: scheduler._stop.set() if mgr.overlap.results else None)  # pylint: disable=protected-access
-  scheduler.run(trainer.state, cfg.total_env_steps)
+  assert trainer.overlap is mgr.overlap and mgr.overlap in trainer.tuners  # The driver asks it each update.
+  apply = scheduler.apply
+  scheduler.apply = lambda knobs: (admissions.append(knobs.admission) if knobs.admission is not None else None,
+                                   apply(knobs))
+  for report in trainer.run(scheduler=scheduler):
+    staleness.append(int(report.metrics["staleness_max"]))
+    if mgr.overlap.results:
+      break
   trainer.finish()
   result = mgr.overlap.results[0]
-  assert admissions[:3] == ([1, 0, 1] if contended else [0, 1, 0])
+  assert admissions[:4] == ([0, 1, 0, 1] if contended else [1, 0, 1, 0])  # The first: the initial knob.
   assert result.overlapped_env_steps_per_s > 0 and result.barrier_env_steps_per_s > 0
   assert scheduler.queue.admission == result.admission
   assert max(staleness) <= 1

@@ -63,7 +63,6 @@ def test_render_stage_needs_pixels_and_one_pool(make):
 def test_resource_manager_runs_the_draws_on_the_render_quota(tmp_path):
   """resources=manual with quotas.render_cores: the render thread and Mesa's rasterizer threads run
   on the render cores, EnvPool's workers on sim's, and the draws are timed as render spans."""
-  from ebrl.scheduler import make_scheduler
   from ebrl.trainer import Trainer
   from launch.configs import default
   from sim_adapters.render_stage import render_thread_ids
@@ -85,7 +84,7 @@ def test_resource_manager_runs_the_draws_on_the_render_quota(tmp_path):
   assert {placed["render"][t] for t in render_thread_ids()} == {(usable[-1],)}
   assert set(render_thread_ids()).isdisjoint(placed["sim"])
   assert placed["sim"] and set(placed["sim"].values()) == {(usable[0],)}  # EnvPool's workers.
-  make_scheduler("ebrl", trainer.run_context()).run(trainer.state, 256)
+  trainer.train(256)
   placed = enforcer.readback()
   mesa = [t for t in placed["render"] if enforce.thread_name(t).startswith(enforce.MESA_THREAD_PREFIX)]
   assert mesa and {placed["render"][t] for t in mesa} == {(usable[-1],)}

@@ -22,7 +22,6 @@ import pytest
 from ebrl.checkpointing import Checkpointer
 from ebrl.errors import UserError
 from ebrl.learner import learning_rate_schedule
-from ebrl.scheduler import make_scheduler
 from ebrl.trainer import Trainer
 from launch.configs import default
 
@@ -45,7 +44,7 @@ def tiny(total: int = 128, scheduler: str = "sync", resume: bool = False):
 
 def run(cfg, workdir) -> Trainer:
   trainer = Trainer(cfg, str(workdir), progress=False)
-  make_scheduler(cfg.scheduler, trainer.run_context()).run(trainer.state, cfg.total_env_steps)
+  trainer.train()
   trainer.finish()
   return trainer
 
@@ -79,7 +78,7 @@ def test_warm_start_applies_on_a_first_launch_with_resume_true(finished, tmp_pat
   for a, b in zip(leaves(trainer.state.params), leaves(done.state.params)):
     np.testing.assert_array_equal(a, b)
   assert int(trainer.state.version) == 0  # Params only: a fresh run's optimiser and counters.
-  make_scheduler("sync", trainer.run_context()).run(trainer.state, 128)
+  trainer.train(128)
   trainer.finish()
   # The next launch restores its own checkpoint; the warm start no longer applies, and says so.
   capsys.readouterr()
@@ -178,7 +177,7 @@ def test_best_success_of_zero_survives_resume(finished, tmp_path):
   workdir = copy_of(finished[0], tmp_path)
   trainer = Trainer(tiny(256, resume=True), str(workdir), progress=False)
   trainer.best_success_rate = 0.0
-  trainer.env_steps = 200
+  trainer.tracker.env_steps = 200
   trainer.checkpoint()
   trainer.checkpointer.close()
   trainer.envs.close()
@@ -241,8 +240,7 @@ def test_linear_schedule_reaches_its_last_value_on_the_last_update(name, tmp_pat
   cfg.total_env_steps = 5 * per_update - 3  # Pays for 5 updates (the last one partly).
   seen = []
   trainer = Trainer(cfg, str(tmp_path / "run"), progress=False)
-  trainer.update_hooks.append(lambda t: seen.append(float(t._last_metrics["learning_rate"])))  # pylint: disable=protected-access
-  make_scheduler(cfg.scheduler, trainer.run_context()).run(trainer.state, cfg.total_env_steps)
+  seen.extend(float(report.metrics["learning_rate"]) for report in trainer.run())
   summary = trainer.finish()
   lc = trainer.learner.cfg
   assert lc.total_updates == 5 and summary["policy_version"] == 5 and len(seen) == 5

@@ -43,19 +43,21 @@ def _alive_in(workdir: str) -> list[int]:
 
 def test_short_soak_kills_resumes_and_reports(tmp_path):
   workdir, out = str(tmp_path / "run"), str(tmp_path / "soak.json")
-  proc = _soak("--minutes=0.75", "--kill_every_s=15", "--checkpoint_every_s=3", "--sample_every_s=1",
-               "--steady_s=8", "--num_envs=10", f"--train_args={TINY_TRAIN}", f"--workdir={workdir}",
-               f"--out={out}")
+  # --max_faults=1 ends the soak on its fault count, not on the clock: on a loaded machine (a parallel
+  # test suite, cold compiles) the first launch may need most of a minute before its first checkpoint.
+  proc = _soak("--minutes=3", "--max_faults=1", "--kill_every_s=15", "--checkpoint_every_s=3",
+               "--sample_every_s=1", "--steady_s=8", "--num_envs=10", f"--train_args={TINY_TRAIN}",
+               f"--workdir={workdir}", f"--out={out}")
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   assert not _alive_in(workdir)
   with open(out) as f:
     report = json.load(f)
   o, launches = report["overall"], report["launches"]
   assert report["env"] == "MetaWorld/MT10" and report["scheduler"] == "ebrl"
-  # Two kills are planned (at 15 s and 30 s); on a loaded machine the second may come too late to leave
-  # the last launch its steady-state seconds, and is then skipped.
+  # One kill (the first checkpointed moment from 15 s on), then one resumed launch that checkpoints,
+  # reaches steady state and is stopped.
   kills = o["kills"]
-  assert 1 <= kills <= 2 and [l["ended"] for l in launches] == ["killed"] * kills + ["stopped"], launches
+  assert kills == 1 and [l["ended"] for l in launches] == ["killed", "stopped"], launches
   assert o["hangs"] == 0 and o["exited_on_their_own"] == 0
   assert o["resumes"] == kills and o["resumes_succeeded"] == kills
   for l in launches[1:]:

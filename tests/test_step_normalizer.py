@@ -126,7 +126,6 @@ def test_a_prenormalised_sampler_acts_as_the_plain_one_on_raw_inputs(parts):
 
 
 def test_a_sync_run_counts_every_observation_its_env_returned_but_final_ones(tmp_path):
-  from ebrl.scheduler import make_scheduler  # pylint: disable=g-import-not-at-top
   from ebrl.trainer import Trainer  # pylint: disable=g-import-not-at-top
   from launch.configs import default  # pylint: disable=g-import-not-at-top
 
@@ -148,7 +147,8 @@ def test_a_sync_run_counts_every_observation_its_env_returned_but_final_ones(tmp
     return batch
 
   adapter.recv = record
-  state = make_scheduler("sync", trainer.run_context()).run(trainer.state, cfg.total_env_steps)
+  trainer.train()
+  state = trainer.state
   trainer.finish()
   assert any((~c).any() for _, c in seen)  # Some episode ended.
   assert sum(len(x) for x, _ in seen) == 4 + cfg.total_env_steps

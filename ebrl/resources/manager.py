@@ -22,11 +22,12 @@ from typing import Callable
 
 from ebrl.layout import RunLayout
 from ebrl.resources import planner, profiler
-from ebrl.resources.controller import CPU, Controller, Decision, Telemetry
+from ebrl.resources.controller import CPU, Controller, Telemetry
 from ebrl.resources.enforce import MESA_THREAD_PREFIX, Enforcer, format_cores, parse_cores
 from ebrl.resources.inventory import Inventory, take_inventory
 from ebrl.resources.overlap import OverlapSwitch
 from ebrl.resources.plan import STAGES, Plan
+from ebrl.tuning import Knobs, Mark, UpdateReport
 
 
 def manual_layout(cfg, usable: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
@@ -87,7 +88,7 @@ class ResourceManager:
     self.bound = (planner.work_conserving_bound(self.profile, cores, self.shape)
                   if self.profile is not None else None)
     self.enforcer = Enforcer(self.plan)
-    self.listeners: list[Callable[[Plan], None]] = []  # Told about every new plan (the scheduler).
+    self.learner_process = None  # A LearnerProcessPlacement that follows each plan (placement=processes).
     self.controller = None
     if cfg.resources == "auto" and cfg.quotas.control_interval_s > 0:
       self.controller = Controller(self.plan, self._replan, interval_s=cfg.quotas.control_interval_s,
@@ -99,14 +100,13 @@ class ResourceManager:
     # in one group of recv 30: 57 segments force-started, 0.39x sync). A multi-task env's task pools
     # each step their envs together and return whatever is in flight, so a barrier parks whole
     # pools and stalls none: every plan of one may be probed.
-    # The trainer feeds it after every update and the scheduler's queue listens.
+    # A tuner of its own beside this one (the driver asks both).
     self.overlap = None
     if OverlapSwitch.allowed(cfg) and (self.shape.multitask or planner.fully_batched(
         self.profile, self.plan.num_groups, self.plan.recv_batch)):
       self.overlap = OverlapSwitch(cfg.ebrl.max_staleness, cfg.quotas.overlap_probe_s, log, barrier=self.plan.barrier)
     self._t0 = time.time()
     self._mesa_threads = 0
-    self.events: list[dict] = []  # {"t": run wall_s, "label"} for the controller plot.
     for line in self.describe():
       log(line)
 
@@ -145,9 +145,17 @@ class ResourceManager:
 
   # -- feedback ------------------------------------------------------------------
 
-  def observe(self, env_steps: int, busy_s: dict[str, float], wall_s: float, tracer) -> Decision | None:
-    """After every update, with the run's env steps, its stages' busy seconds (StageClock.snapshot)
-    and wall time: feeds the controller; applies a re-plan and marks it on `tracer`'s timeline."""
+  def initial(self) -> Knobs:
+    return self._knobs(self.plan)
+
+  def _knobs(self, plan: Plan, marks: tuple[Mark, ...] = ()) -> Knobs:
+    """The scheduler's knobs of `plan`: its generation batch (unless the user fixed one) and wait."""
+    return Knobs(max_gen_batch=None if self.cfg.ebrl.max_gen_batch else plan.max_gen_batch,
+                 max_wait_s=plan.max_wait_ms / 1000.0, marks=marks)
+
+  def decide(self, report: UpdateReport) -> Knobs | None:
+    """After every update: feeds the controller the run's env steps, its stages' busy seconds and its
+    CPU time; a re-plan is enforced here (cores, the learner process) and returned as knobs."""
     if self.cfg.env.render_stage and not self._mesa_threads:
       # Mesa's rasterizer threads appear with the first draw (on the render thread, whose cores
       # they inherit); recorded so that a re-plan moves them with it.
@@ -155,20 +163,20 @@ class ResourceManager:
     if self.controller is None:
       return None
     cpu = os.times()
-    tel = Telemetry(t=time.time() - self._t0, env_steps=env_steps, cpu_s=cpu.user + cpu.system,
-                    busy_s={s: busy_s[s] for s in ("sim", "render", "gen", "train") if s in busy_s})
+    tel = Telemetry(t=report.time - self._t0, env_steps=report.env_steps, cpu_s=cpu.user + cpu.system,
+                    busy_s={s: report.busy_s[s] for s in ("sim", "render", "gen", "train") if s in report.busy_s})
     decision = self.controller.observe(tel)
-    if decision is not None:
-      self.plan = decision.new_plan
-      self.enforcer.apply(self.plan)
-      for listener in self.listeners:
-        listener(self.plan)
-      self.events.append({"t": wall_s, "label": "re-plan"})
-      tracer.instant("replan", {"reason": decision.reason,
-                                "predicted_env_steps_per_s": self.plan.predicted_env_steps_per_s})
-      self.log(f"[resources] re-plan: {decision.reason}; now predicting "
-               f"{self.plan.predicted_env_steps_per_s:,.0f} env steps/s, bottleneck {self.plan.bottleneck}")
-    return decision
+    if decision is None:
+      return None
+    self.plan = decision.new_plan
+    self.enforcer.apply(self.plan)
+    marks = [Mark("replan", "re-plan", {"reason": decision.reason,
+                                         "predicted_env_steps_per_s": self.plan.predicted_env_steps_per_s})]
+    self.log(f"[resources] re-plan: {decision.reason}; now predicting "
+             f"{self.plan.predicted_env_steps_per_s:,.0f} env steps/s, bottleneck {self.plan.bottleneck}")
+    if self.learner_process is not None:
+      marks += self.learner_process.follow(self.plan)
+    return self._knobs(self.plan, tuple(marks))
 
   def _replan(self, measured: dict[str, float]) -> Plan:
     """Adds the measured change in CPU per env step to the stages that moved, then re-plans what

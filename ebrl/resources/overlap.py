@@ -44,6 +44,8 @@ import dataclasses
 import time
 from typing import Callable
 
+from ebrl.tuning import Knobs, Mark, UpdateReport
+
 
 @dataclasses.dataclass(frozen=True)
 class ProbeResult:
@@ -130,8 +132,8 @@ class OverlapProbe:
 
 
 class OverlapSwitch:
-  """A run's probe: fed after every update, it tells `listeners` (the queue's set_admission) each
-  admission change, and marks each result on the timeline (`events`, the tracer) and in the log."""
+  """A run's probe as a tuner (ebrl/tuning.py): fed every update's report, it returns each
+  admission change as a knob and each result as a mark for the timeline, and logs it."""
 
   @staticmethod
   def allowed(cfg) -> bool:
@@ -141,8 +143,6 @@ class OverlapSwitch:
   def __init__(self, max_staleness: int, window_s: float, log: Callable[[str], None] = print,
                barrier: bool = False):
     self.probe = OverlapProbe(max_staleness, window_s=window_s, settle_s=window_s / 4, barrier=barrier)
-    self.listeners: list[Callable[[int], None]] = []
-    self.events: list[dict] = []  # {"t": run wall_s, "label"} for the controller plot.
     self._log = log
     self._t0 = time.time()
 
@@ -152,22 +152,23 @@ class OverlapSwitch:
 
   @property
   def admission(self) -> int:
-    """The admission the queue should have now (a scheduler sets it when it starts listening)."""
+    """The admission the queue should have now."""
     return self.probe.admission
 
-  def observe(self, env_steps: int, wall_s: float, tracer) -> None:
+  def initial(self) -> Knobs:
+    return Knobs(admission=self.probe.admission)
+
+  def decide(self, report: UpdateReport) -> Knobs | None:
     before = self.probe.admission
-    result = self.probe.observe(time.time() - self._t0, env_steps)
-    if self.probe.admission != before:
-      for listener in self.listeners:
-        listener(self.probe.admission)
+    result = self.probe.observe(report.time - self._t0, report.env_steps)
+    admission = self.probe.admission if self.probe.admission != before else None
     if result is None:
-      return
-    self.events.append({"t": wall_s, "label": "overlap" if result.admission else "barrier"})
-    tracer.instant("overlap_probe", {"overlapped_env_steps_per_s": result.overlapped_env_steps_per_s,
-                                     "barrier_env_steps_per_s": result.barrier_env_steps_per_s,
-                                     "admission": result.admission})
+      return None if admission is None else Knobs(admission=admission)
     self._log(f"[resources] {result.line(self.probe.max_staleness)}")
+    mark = Mark("overlap_probe", "overlap" if result.admission else "barrier",
+                {"overlapped_env_steps_per_s": result.overlapped_env_steps_per_s,
+                 "barrier_env_steps_per_s": result.barrier_env_steps_per_s, "admission": result.admission})
+    return Knobs(admission=admission, marks=(mark,))
 
   def metrics(self) -> dict:
     if not self.results:

@@ -1,7 +1,8 @@
 """Schedulers wire simulation, generation and update: sync | pipelined | ebrl | random.
 
 Each takes a RunContext (ebrl/scheduler/context.py) and runs its loops from a
-train state: `make_scheduler(name, ctx).run(state, total_env_steps)`. A run on
+train state, yielding a report per update: `make_scheduler(name, ctx).run(state)`,
+driven by ebrl/driver.py. A run on
 a device simulator (ctx.device_sim set: mjx:..., brax:...) runs `sync` and
 `random` as one fused on-device rollout per update (device_sync.py) and `ebrl` as
 env groups collecting on the device while the learner trains (device_ebrl.py).

@@ -46,14 +46,16 @@ collect or update.
 from __future__ import annotations
 
 import threading
+from typing import Iterator
 
 import chex
 import jax
 import jax.numpy as jnp
 
-from ebrl.scheduler.context import RunContext
+from ebrl.scheduler.context import Knobs, RunContext, Scheduler, UpdateReport
 from ebrl.acting import Finished, device_unroll
 from ebrl.scheduler.device_sync import add_finished_episodes, device_keys
+from ebrl.scheduler.admission import Admission
 from ebrl.scheduler.loop_threads import POLL_S, LoopThreads, learner_loop
 from ebrl.trajectories.queue import TrajectoryQueue
 from ebrl.types import SegmentBatch, TrainState
@@ -89,11 +91,12 @@ def concat_batches(batches: list[SegmentBatch]) -> SegmentBatch:
   return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=1 if xs[0].ndim > 1 else 0), *batches)  # env_ids: [B].
 
 
-class DeviceEbrlScheduler:
+class DeviceEbrlScheduler(Scheduler):
+  """scheduler=ebrl on a DeviceSim: one collecting thread per env group, one learner thread."""
+
   # Training runs beside the rollout (only the staleness bound couples them), so the
   # rollout rate is the e2e rate.
   overlaps_training = True
-  """scheduler=ebrl on a DeviceSim: one collecting thread per env group, one learner thread."""
 
   def __init__(self, ctx: RunContext):
     self.ctx = ctx
@@ -105,15 +108,11 @@ class DeviceEbrlScheduler:
     if segments % per_group:  # ebrl/validation.py rejects this first; kept for direct construction.
       raise ValueError(f"ebrl.segments_per_update={segments} must be a multiple of the {per_group} envs per group")
     self.queue = TrajectoryQueue(segments // per_group, ctx.max_staleness)
-    if ctx.overlap is not None:  # resources=auto: overlap or a barrier, as the run measures it.
-      ctx.overlap.listeners.append(self.queue.set_admission)
-      self.queue.set_admission(ctx.overlap.admission)
+    self.admission = Admission(self.queue, self.num_groups)  # Grants starts in ticket order.
     lc = ctx.learner.cfg
     self.collect = make_segment_collect(self.sim, ctx.policy, ctx.layout.rollout_length, lc.gamma)
     self.reset_key, self.key = device_keys(ctx.seed, ctx.env_seed)
-    self._lock = threading.Lock()  # Guards the stop check and env_steps.
-    self._room = threading.Condition()  # Guards starts and tickets; notified when the learner publishes.
-    self._tickets = 0  # Batches granted so far in this run (they reach the learner in this order).
+    self._lock = threading.Lock()  # Guards the nan reset counts.
     self._order = threading.Lock()  # Guards the batches waiting for an earlier ticket.
     self._pending: dict[int, tuple[SegmentBatch, int]] = {}  # ticket -> (batch, start version)
     self._next = 0  # The ticket the learner gets next.
@@ -126,26 +125,22 @@ class DeviceEbrlScheduler:
 
   # -- lifecycle --------------------------------------------------------------
 
-  def run(self, state: TrainState, total_env_steps: int) -> TrainState:
-    self._total = total_env_steps
+  def apply(self, knobs: Knobs) -> None:
+    """A tuner's knobs: admission (overlap or a barrier); generation batches are the groups'."""
+    if knobs.admission is not None:
+      self.admission.set_admission(knobs.admission)
+
+  def run(self, state: TrainState) -> Iterator[UpdateReport]:
+    """Yields a report per update until the caller stops taking them, ctx.stop is set or a
+    thread fails (re-raised)."""
     self._state = state
     # A resumed run counts the segments of its earlier updates as started (see TrajectoryQueue).
-    self.queue.resume_at(int(state.version))
+    self.admission.resume_at(int(state.version))
     stages = [(f"group{g}", self._group_loop, (g,)) for g in range(self.num_groups)]
     stages.append(("learner", self._learner_loop, ()))
-    self._stages.run(stages, on_stop=self._wake_all)
-    return self._state
-
-  def _wake_all(self) -> None:
-    """Stop: wake the learner (queue) and groups waiting for room."""
-    self.queue.close()
-    with self._room:
-      self._room.notify_all()
+    yield from self._stages.run(stages, external_stop=self.ctx.stop, on_stop=self.admission.close)
 
   def _stopping(self) -> bool:
-    with self._lock:
-      if self.ctx.log.should_stop(self._total):
-        self._stop.set()
     return self._stop.is_set()
 
   # -- group threads: fused sim + generation ----------------------------------
@@ -176,15 +171,11 @@ class DeviceEbrlScheduler:
   def _reserve(self) -> tuple | None:
     """The next batch's (ticket, start version, params, version, key) under the capacity rule, or None
     after a short wait."""
-    with self._room:
-      granted, start_version = self.queue.try_start(1)
-      if not granted:
-        self._room.wait(POLL_S)
-        return None
-      ticket = self._tickets
-      self._tickets += 1
-    params, version = self.ctx.params.latest()
-    return ticket, start_version, params, version, jax.random.fold_in(self.key, self.ctx.sampler.take_call())
+    reserved = self.admission.reserve(POLL_S)
+    if reserved is None:
+      return None
+    params, version = self.ctx.params.latest()  # Read after the grant: at least its start version.
+    return (*reserved, params, version, jax.random.fold_in(self.key, self.ctx.sampler.take_call()))
 
   def _release(self, ticket: int, batch: SegmentBatch, start_version: int) -> None:
     """Queues batches for the learner in ticket order (see the module docstring)."""
@@ -199,15 +190,13 @@ class DeviceEbrlScheduler:
     with self._lock:
       self._nan_resets[g] = nan_resets
       self.sim.nan_resets = sum(self._nan_resets)
-      self.ctx.log.add_env_steps(self.sim.num_envs * self.ctx.layout.rollout_length)
+    self.ctx.tracker.count_steps(self.sim.num_envs * self.ctx.layout.rollout_length)
 
   # -- learner thread: update -------------------------------------------------
 
   def _learner_loop(self) -> None:
-    self._state = learner_loop(self.ctx, self._state, self.queue, self._stopping, concat_batches, self._published)
+    self._state = learner_loop(self.ctx, self._state, self.queue, self._stages, concat_batches, self._published)
 
   def _published(self, state) -> None:
-    """New params are in the store: raise the queue's version and wake groups waiting for room."""
-    with self._room:
-      self.queue.set_version(int(state.version))
-      self._room.notify_all()
+    """New params are in the store: admit more batches and wake groups waiting for room."""
+    self.admission.published(int(state.version))

@@ -22,12 +22,14 @@ device simulator's own speed.
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ebrl.acting import Finished, device_random_step, device_unroll
-from ebrl.scheduler.context import RunContext, update_and_publish
+from ebrl.scheduler.context import RunContext, Scheduler, UpdateReport, report, update_and_publish
 from ebrl.telemetry.episodes import EpisodeTracker
 from ebrl.types import Rollout, TrainState
 from policies.base import Policy
@@ -81,16 +83,18 @@ def device_keys(seed: int, env_seed: int) -> tuple[jax.Array, jax.Array]:
           jax.random.fold_in(jax.random.PRNGKey(seed), 0xAC7))
 
 
-class DeviceSyncScheduler:
+class DeviceSyncScheduler(Scheduler):
   """scheduler=sync (PPO) or random on a DeviceSim, each rollout one jitted call."""
 
   def __init__(self, ctx: RunContext, learn: bool = True):
     self.ctx = ctx
-    self.learn = learn
+    self.learn = self.learns = learn
     self.sim: DeviceSim = ctx.device_sim
     self.reset_key, self.key = device_keys(ctx.seed, ctx.env_seed)
 
-  def run(self, state: TrainState, total_env_steps: int) -> TrainState:
+  def run(self, state: TrainState) -> Iterator[UpdateReport]:
+    """Yields a report per rollout (an update's with learn, else the same state's) for as long as
+    the caller takes them."""
     ctx, sim, clock = self.ctx, self.sim, self.ctx.clock
     horizon = ctx.layout.rollout_length
     lc = ctx.learner.cfg
@@ -99,7 +103,7 @@ class DeviceSyncScheduler:
     with clock.stage("sim"):
       sim_state = sim.reset(self.reset_key)
       jax.block_until_ready(sim_state)
-    while not ctx.log.should_stop(total_env_steps):
+    while True:
       key = jax.random.fold_in(self.key, ctx.sampler.take_call())
       with clock.stage("sim"):
         if self.learn:
@@ -110,9 +114,10 @@ class DeviceSyncScheduler:
         finished, nan_resets = jax.device_get((finished, sim_state.nan_resets))
       add_finished_episodes(ctx.tracker, finished)
       sim.nan_resets = int(nan_resets)
-      ctx.log.add_env_steps(sim.num_envs * horizon)
+      ctx.tracker.count_steps(sim.num_envs * horizon)
       if self.learn:
-        state = update_and_publish(ctx, state, rollout)
+        done = update_and_publish(ctx, state, rollout)
+        state = done.state
+        yield done
       else:
-        ctx.log.after_update(state, {})
-    return state
+        yield report(ctx, state, {})

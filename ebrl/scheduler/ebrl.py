@@ -14,8 +14,8 @@ Threads and what they exchange (small messages over queues, as Sample Factory):
                                  publishes params with a new version
 
 One fully batched group (recv_batch = its envs: sync-mode pools stepping together) has nothing
-for a sampler to merge and waits for its reply anyway: its thread generates itself
-(`_inline_loop`), saving two thread hand-offs per step of the chain.
+for a sampler to merge and waits for its reply anyway: its thread generates itself (the group
+loop with generation inline), saving two thread hand-offs per step of the chain.
 
 A slow env never holds the others back: EnvPool returns envs as they finish
 (async mode), and the learner takes whichever segments are complete. Rollout
@@ -27,12 +27,14 @@ segments earliest deadline first and waits for a straggler only when passing
 it by would leave one more than max_staleness versions behind. With
 max_staleness = 0 this is on-policy PPO.
 
-Deadlock breaker: async EnvPool returns whole batches, so a group with too many
-envs parked cannot return the envs it still has in flight. If the learner then
-waits for segments and every group is stuck that way, nothing can move: the
-sampler force-starts one parked env at a time beyond capacity until a group
-can return envs again. Only force-started segments can reach the learner too
-stale (it masks those samples); `queue.forced` counts them.
+Grants, parked envs and the deadlock breaker (one parked env started beyond
+capacity when the learner waits and no group can return an env) are the
+Admission object's (ebrl/scheduler/admission.py), shared with the device
+scheduler. Only force-started segments can reach the learner too stale (it
+masks those samples); `queue.forced` counts them.
+
+Knobs (`apply`): a tuner may hold admission below the bound (a barrier) and
+resize the generation batch and its wait while the run goes on.
 
 Any exception in a thread stops the run and is re-raised by `run`.
 """
@@ -40,13 +42,14 @@ Any exception in a thread stops the run and is re-raised by `run`.
 from __future__ import annotations
 
 import queue
-import threading
 import time
+from typing import Iterator
 
 import numpy as np
 
+from ebrl.scheduler.admission import Admission
 from ebrl.trajectories.assembler import Segment, TrajectoryAssembler
-from ebrl.scheduler.context import RunContext
+from ebrl.scheduler.context import Knobs, RunContext, Scheduler, UpdateReport
 from ebrl.scheduler.loop_threads import POLL_S, LoopThreads, learner_loop
 from ebrl.trajectories.queue import TrajectoryQueue
 from ebrl.types import SegmentBatch, TrainState
@@ -72,7 +75,7 @@ def _rows(b: StepBatch, idx: np.ndarray) -> dict[str, np.ndarray]:
   return {k: v[idx] for k, v in b.obs.items()}
 
 
-class EbrlScheduler:
+class EbrlScheduler(Scheduler):
   # Training runs beside the rollout (only the staleness bound couples them), so the
   # rollout rate is the e2e rate.
   overlaps_training = True
@@ -85,131 +88,117 @@ class EbrlScheduler:
     # step together, so its recv gathers every env in flight, as the sync scheduler's step does,
     # and the learner still trains beside the rollout.
     self.gather_all = [not getattr(self.groups[g], "is_async", True) for g in range(len(self.groups))]
-    # One fully batched group: its thread generates too (see _inline_loop).
+    # One fully batched group: its thread generates too (see _group_loop).
     self.inline = len(self.groups) == 1 and self.gather_all[0]
     self.max_gen_batch = layout.max_gen_batch
     self.max_wait_s = ctx.max_wait_s
-    self.resources = ctx.resources  # Pins each stage's thread to its quota; re-plans reach us below.
-    if self.resources is not None:
-      self._apply_plan(self.resources.plan)
-      self.resources.listeners.append(self._apply_plan)
+    self.pinning = ctx.pinning  # Pins each stage's thread to its quota, or None.
     self.queue = TrajectoryQueue(layout.segments_per_update, ctx.max_staleness)
-    if ctx.overlap is not None:  # Overlap or a barrier, as the run measures it.
-      ctx.overlap.listeners.append(self.queue.set_admission)
-      self.queue.set_admission(ctx.overlap.admission)
+    self.admission = Admission(self.queue, len(self.groups))
+    self._forced_reported = 0
     self.assembler = TrajectoryAssembler(ctx.spec, layout.num_envs, layout.rollout_length,
                                          lambda seg: self.queue.put(seg, seg.start_version, seg.forced),
                                          ctx.action_size)
     self._ready: queue.Queue = queue.Queue()
     self._replies = [queue.Queue() for _ in range(len(self.groups))]
-    self._late = [queue.Queue() for _ in range(len(self.groups))]
-    self._parked: list[tuple[int, np.ndarray, dict[str, np.ndarray]]] = []  # (group, local ids, obs)
+    self._late = [queue.Queue() for _ in range(len(self.groups))]  # Actions for parked envs, per group.
     self._stages = LoopThreads()
     self._stop = self._stages.stop
-    # Set by a group that cannot recv (too few envs in flight for a whole batch) and
-    # got no parked actions for a while; cleared when it can recv or sends again.
-    self._starved = [threading.Event() for _ in range(len(self.groups))]
 
-  def _apply_plan(self, plan) -> None:
-    """A plan's generation batch (read by the sampler loop on its next batch)."""
-    if not self.ctx.layout.gen_batch_fixed:
-      self.max_gen_batch = plan.max_gen_batch
-    self.max_wait_s = plan.max_wait_ms / 1000.0
+  def apply(self, knobs: Knobs) -> None:
+    """A tuner's knobs: admission at once; the generation batch and wait from the sampler's next batch."""
+    if knobs.admission is not None:
+      self.admission.set_admission(knobs.admission)
+    if knobs.max_gen_batch is not None:
+      self.max_gen_batch = knobs.max_gen_batch
+    if knobs.max_wait_s is not None:
+      self.max_wait_s = knobs.max_wait_s
 
   def _pin(self, stage: str) -> None:
-    if self.resources is not None:
-      self.resources.pin_stage(stage)
+    if self.pinning is not None:
+      self.pinning.pin_stage(stage)
 
   # -- lifecycle --------------------------------------------------------------
 
-  def run(self, state: TrainState, total_env_steps: int) -> TrainState:
-    self._total = total_env_steps
+  def run(self, state: TrainState) -> Iterator[UpdateReport]:
+    """Yields a report per update until the caller stops taking them, ctx.stop is set or a
+    thread fails (re-raised)."""
     self._state = state
     # A resumed run starts at its restored version: count the segments of the updates
     # already made as started, or the capacity rule would start a burst of segments
     # that the learner then drops as too stale.
-    self.queue.resume_at(int(state.version))
-    if self.inline:
-      stages = [("group0", self._inline_loop, ())]
-    else:
-      stages = [(f"group{g}", self._group_loop, (g,)) for g in range(len(self.groups))]
+    self.admission.resume_at(int(state.version))
+    stages = [(f"group{g}", self._group_loop, (g,)) for g in range(len(self.groups))]
+    if not self.inline:
       stages.append(("sampler", self._sampler_loop, ()))
     stages.append(("learner", self._learner_loop, ()))
-    self._stages.run(stages, on_stop=self.queue.close)
-    return self._state
+    yield from self._stages.run(stages, external_stop=self.ctx.stop, on_stop=self.admission.close)
 
   def _stopping(self) -> bool:
-    if self.ctx.log.should_stop(self._total):
-      self._stop.set()
     return self._stop.is_set()
 
   # -- group threads: simulation ---------------------------------------------
 
   def _group_loop(self, g: int) -> None:
-    adapter, clock, lane = self.groups[g], self.ctx.clock, f"group{g}"
+    """One env group: recv whichever of its envs are ready, get their actions, send them.
+
+    Inline (one fully batched group) this thread also generates, as sync's loop does: the sampler
+    would have nothing to merge and the group waits for its reply anyway, so a sampler thread would
+    only add two thread hand-offs to every step of the chain (on cheap simulators most of a step).
+    """
+    adapter, lane, lockstep = self.groups[g], f"group{g}", self.gather_all[g]
     self._start_group(g)
-    lockstep = self.gather_all[g]
     while not self._stopping():
-      if lockstep:
-        # A sync-mode pool takes one send per recv (a second send before the recv mixes up
-        # its rows): parked envs' actions go out only with nothing in flight or with a reply.
-        if not adapter.can_recv():
-          if self._send_late(g, block=True):
-            self._starved[g].clear()
-          else:
-            self._starved[g].set()
-          continue
-      else:
-        # Envs parked by the staleness bound may leave too few in flight for a recv to
-        # return (async EnvPool waits for a whole batch): then wait for their actions.
-        sent = self._send_late(g, block=not adapter.can_recv())
-        if not adapter.can_recv():
-          if sent:
-            self._starved[g].clear()
-          else:
-            self._starved[g].set()
-          continue
-      self._starved[g].clear()
-      with clock.stage("sim", lane=lane):
+      if self.inline:
+        self._serve_parked()
+      if not self._ready_to_recv(g, adapter, lockstep):
+        continue
+      with self.ctx.clock.stage("sim", lane=lane):
         batch = self._recv_every_env(adapter) if lockstep else adapter.recv()
-      self._ready.put((g, batch))
-      reply = self._wait(self._replies[g])
-      if reply is None:
-        return
+      if self.inline:
+        self._serve([(g, batch)])
+        reply = self._replies[g].get_nowait()
+      else:
+        self._ready.put((g, batch))
+        reply = self._wait(self._replies[g])
+        if reply is None:
+          return
       self._send_reply(g, *reply, with_late=lockstep)
 
-  def _inline_loop(self) -> None:
-    """One fully batched group: simulation and generation on this one thread, as sync's loop has.
-
-    With one group in lockstep the sampler has nothing to merge, and the group waits for its reply
-    anyway, so a sampler thread would only add two thread hand-offs to every step of the chain:
-    on cheap simulators that is most of a step (CartpoleBalance-v1, 32 envs: ebrl at 0.91x sync
-    with a barrier that should equal sync, 53.7 against 43.5 CPU µs per env step). Parked envs,
-    the staleness bound and the deadlock breaker work as with the sampler thread.
-    """
-    adapter, clock, lane = self.groups[0], self.ctx.clock, "group0"
-    self._start_group(0)
-    while not self._stopping():
-      self._serve_parked()
-      if not adapter.can_recv():  # Nothing in flight: parked envs' actions, or wait for room.
-        if self._send_late(0, block=False):
-          self._starved[0].clear()
-        elif not self._wait_wake():
-          # Starved only after a whole poll without a publish: right after one, the next pass
-          # grants the room it made (set at once, the breaker would force envs the room covers).
-          self._starved[0].set()
-        continue
-      self._starved[0].clear()
-      with clock.stage("sim", lane=lane):
-        batch = self._recv_every_env(adapter)
-      self._serve([(0, batch)])
-      self._send_reply(0, *self._replies[0].get_nowait(), with_late=True)
+  def _ready_to_recv(self, g: int, adapter, lockstep: bool) -> bool:
+    """Whether a recv can return now. Envs parked by the staleness bound may leave too few in
+    flight (an async pool waits for a whole batch; a lockstep pool has nothing in flight): then the
+    parked envs' actions are sent as they come, and a group that gets none is starved (the
+    deadlock breaker's signal)."""
+    starved = self.admission.starved[g]
+    if self.inline:
+      if adapter.can_recv():
+        starved.clear()
+        return True
+      if self._send_late(g, block=False):
+        starved.clear()
+      elif not self._wait_wake():
+        # Starved only after a whole poll without a publish: right after one, the next pass
+        # grants the room it made (set at once, the breaker would force envs the room covers).
+        starved.set()
+      return False
+    # A lockstep pool takes one send per recv (a second send before the recv mixes up its rows):
+    # parked envs' actions go out only with nothing in flight, or with a reply.
+    sent = 0 if lockstep and adapter.can_recv() else self._send_late(g, block=not adapter.can_recv())
+    if adapter.can_recv():
+      starved.clear()
+      return True
+    if sent:
+      starved.clear()
+    else:
+      starved.set()
+    return False
 
   def _start_group(self, g: int) -> None:
     """A group thread's start: pinned to the sim quota, its simulators reset."""
     self._pin("sim")
-    if self.resources is not None:
-      with self.resources.adopt("sim"):  # Threads the adapter starts on reset (a multi-task env's receivers).
+    if self.pinning is not None:
+      with self.pinning.adopt("sim"):  # Threads the adapter starts on reset (a multi-task env's receivers).
         self.groups[g].reset()
     else:
       self.groups[g].reset()
@@ -313,11 +302,11 @@ class EbrlScheduler:
     closed = self.assembler.pending[gids]
     ctx.tracker.observe(merged)
     self.assembler.complete(gids, merged)
-    ctx.log.add_env_steps(int(closed.sum()))
+    ctx.tracker.count_steps(int(closed.sum()))
     # The staleness throttle: envs that would start a segment beyond capacity are parked.
     serve = np.ones(len(gids), bool)
     starts = np.flatnonzero(self.assembler.needs_new_segment(gids))
-    granted, start_version = self.queue.try_start(len(starts))
+    granted, start_version = self.admission.grant(len(starts))
     self.assembler.begin(gids[starts[:granted]], start_version)
     serve[starts[granted:]] = False
     acts = self._generate(merged.obs, gids, serve)
@@ -330,7 +319,7 @@ class EbrlScheduler:
       self._replies[g].put((b.env_ids[mine], acts[rows][mine] if acts is not None else None))
       if (~mine).any():
         idx = np.flatnonzero(~mine)
-        self._parked.append((g, b.env_ids[idx], _rows(b, idx)))
+        self.admission.park(g, b.env_ids[idx], _rows(b, idx))
 
   def _generate(self, obs, gids, serve) -> np.ndarray | None:
     """Actions for the served rows; returns env actions for all rows (parked rows: zeros)."""
@@ -344,47 +333,34 @@ class EbrlScheduler:
     env_actions[idx] = acts.env_action
     return env_actions
 
-  def _deadlocked(self) -> bool:
-    """The learner waits for segments and no group can return an env (see the module docstring)."""
-    return self.queue.learner_waiting and all(s.is_set() for s in self._starved)
-
   def _serve_parked(self) -> None:
-    """Generates for parked envs once the learner has made room, oldest first."""
-    if not self._parked:
-      return
+    """Generates for the parked envs the admission releases (room made by the learner, or one env
+    beyond capacity to break a deadlock); their actions go to their group's late queue."""
     offsets = self.groups.offsets
-    force = 1 if self._deadlocked() else 0  # One env at a time: as few beyond capacity as will do.
-    keep = []
-    for g, ids, obs in self._parked:
-      granted, start_version = self.queue.try_start(len(ids))
-      self.assembler.begin(ids[:granted] + offsets[g], start_version)
-      if granted:
-        force = 0  # Room came back since the check: the envs granted now end the wait.
-      if force and granted < len(ids):
-        self.assembler.begin(ids[granted:granted + 1] + offsets[g], self.queue.force_start(1), forced=True)
-        self.ctx.log.note_force_started(1)
-        granted, force = granted + 1, 0
-      if granted:
-        go = slice(0, granted)
-        sub = {k: v[go] for k, v in obs.items()}
-        with self.ctx.clock.stage("gen", lane="sampler"):
-          acts, version = self.ctx.sampler.act(sub, pad=True)
-        self.assembler.start(ids[go] + offsets[g], sub, acts, version)
-        self._late[g].put((ids[go], acts.env_action))
-      if granted < len(ids):
-        rest = slice(granted, None)
-        keep.append((g, ids[rest], {k: v[rest] for k, v in obs.items()}))
-    self._parked = keep
+    for r in self.admission.release_parked():
+      gids = r.ids + offsets[r.group]
+      self.assembler.begin(gids, r.start_version, forced=r.forced)
+      with self.ctx.clock.stage("gen", lane="sampler"):
+        acts, version = self.ctx.sampler.act(r.obs, pad=True)
+      self.assembler.start(gids, r.obs, acts, version)
+      self._late[r.group].put((r.ids, acts.env_action))
 
   # -- learner thread: update -------------------------------------------------
 
   def _learner_loop(self) -> None:
     self._pin("train")
-    if self.resources is not None:
-      self.resources.enforcer.pin_xla()
-    self._state = learner_loop(self.ctx, self._state, self.queue, self._stopping, stack_segments, self._published)
+    if self.pinning is not None:
+      self.pinning.pin_xla()
+    self._state = learner_loop(self.ctx, self._state, self.queue, self._stages, stack_segments, self._published,
+                               self._take_forced)
+
+  def _take_forced(self) -> int:
+    """Segments force-started since the last report (the queue counts them all)."""
+    forced = self.queue.forced
+    new, self._forced_reported = forced - self._forced_reported, forced
+    return new
 
   def _published(self, state) -> None:
-    """New params are in the store: raise the queue's version and wake the sampler."""
-    self.queue.set_version(int(state.version))
+    """New params are in the store: admit more segments and wake the sampler."""
+    self.admission.published(int(state.version))
     self._ready.put(_WAKE)

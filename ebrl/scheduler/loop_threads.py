@@ -1,20 +1,29 @@
-"""The loop threads of an asynchronous scheduler: started together, stopped together.
+"""The loop threads of an asynchronous scheduler: started together, stopped together, reporting
+every update to the driver on the calling thread.
 
 Why one place: both asynchronous schedulers (host env groups and device
 groups) need the same guarantees, and they are easy to get subtly wrong. The
 first exception in any stage stops every stage and is re-raised as the run's
-error (never a hang); a stop (step budget, deadline, Ctrl-C) ends every thread
-within 10 s, or, for a thread inside a long step such as a first compile, once
-that step ends (bounded); a thread that still does not stop is reported by name.
+error (never a hang); a stop (the driver's, a deadline, Ctrl-C) ends every
+thread within 10 s, or, for a thread inside a long step such as a first
+compile, once that step ends (bounded); a thread that still does not stop is
+reported by name.
+
+Reports: the learner thread hands each update's report to the calling thread
+and waits until the driver has taken it (recorded, tuned) before it starts
+the next update, so the state a report carries is never donated to an update
+while the driver checkpoints it, and a knob the driver applies takes effect
+before the next update. Rollout threads do not wait for the driver.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
-from ebrl.scheduler.context import RunContext, update_and_publish
+from ebrl.scheduler.context import RunContext, UpdateReport, update_and_publish
 from ebrl.types import TrainState
 
 POLL_S = 0.05
@@ -28,27 +37,60 @@ class LoopThreads:
     self.stop = threading.Event()  # Stage loops poll it; setting it ends the run.
     self.errors: list[BaseException] = []
     self._log = log
+    self._reports: queue.Queue = queue.Queue()  # (report, taken event), from the learner thread.
 
-  def run(self, stages: list[tuple[str, Callable, tuple]], on_stop: Callable[[], None] = lambda: None) -> None:
-    """Runs `(name, fn, args)` stages until one stops the run; `on_stop` wakes blocked stages.
+  def report(self, report: UpdateReport) -> None:
+    """From the learner thread: hands `report` to the driver and waits until it was taken (or the
+    run stops)."""
+    taken = threading.Event()
+    self._reports.put((report, taken))
+    while not taken.wait(POLL_S) and not self.stop.is_set():
+      pass
 
-    A KeyboardInterrupt in the calling thread stops every stage the same way, waits for the
-    steps they are in (an update, a first compile) and is then re-raised, so the caller can
-    checkpoint a train state no update still holds.
+  def run(self, stages: list[tuple[str, Callable, tuple]], *, external_stop: threading.Event | None = None,
+          on_stop: Callable[[], None] = lambda: None) -> Iterator[UpdateReport]:
+    """Runs `(name, fn, args)` stages until one stops the run, `external_stop` is set or the caller
+    closes the generator; yields each report in order. `on_stop` wakes blocked stages.
+
+    Reports made while the run stops (an update that finished meanwhile) are still yielded, unless
+    the caller closed the generator. A KeyboardInterrupt in the calling thread stops every stage
+    the same way, waits for the steps they are in (an update, a first compile), yields what they
+    reported and is then re-raised, so the caller can checkpoint a train state no update holds.
     """
     threads = [threading.Thread(target=self._guard, args=(fn, *args), name=name, daemon=True)
                for name, fn, args in stages]
     for th in threads:
       th.start()
-    interrupted = False
+    interrupted = closed = False
     try:
       while not self.stop.is_set():
-        self.stop.wait(POLL_S)
+        if external_stop is not None and external_stop.is_set():
+          break
+        try:
+          item, taken = self._reports.get(timeout=POLL_S)
+        except queue.Empty:
+          continue
+        try:
+          yield item
+        finally:
+          taken.set()
     except KeyboardInterrupt:
       interrupted = True
-    self.stop.set()
-    on_stop()
-    alive = self._join(threads)
+    except GeneratorExit:
+      closed = True
+      raise
+    finally:
+      self.stop.set()
+      on_stop()
+      alive = self._join(threads)
+    if not closed:
+      while True:  # Updates that finished while the run stopped.
+        try:
+          item, taken = self._reports.get_nowait()
+        except queue.Empty:
+          break
+        taken.set()
+        yield item
     if self.errors:
       raise self.errors[0]
     if alive:
@@ -79,15 +121,20 @@ class LoopThreads:
       self.stop.set()
 
 
-def learner_loop(ctx: RunContext, state: TrainState, queue, stopping: Callable[[], bool],
-                 assemble: Callable[[list], Any], on_publish: Callable[[TrainState], None]) -> TrainState:
+def learner_loop(ctx: RunContext, state: TrainState, queue_, threads: LoopThreads,
+                 assemble: Callable[[list], Any], on_publish: Callable[[TrainState], None],
+                 force_started: Callable[[], int] = lambda: 0) -> TrainState:
   """The learner stage of both asynchronous schedulers: an update on every batch the queue
-  releases; after each, the new params are published and `on_publish(state)` wakes waiting groups.
-  Returns the last state."""
-  while not stopping():
+  releases; after each, the new params are published, `on_publish(state)` wakes waiting groups and
+  the report goes to the driver (`force_started()`: segments forced since the last one). Returns
+  the last state."""
+  while not threads.stop.is_set():
     ctx.learner.check_alive()  # A learner process that died ends the run (ebrl/learner_process.py).
-    items = queue.get_batch(timeout=POLL_S)
+    items = queue_.get_batch(timeout=POLL_S)
     if items is None:
       continue
-    state = update_and_publish(ctx, state, assemble(items), segments=True, lane="learner", on_publish=on_publish)
+    report = update_and_publish(ctx, state, assemble(items), segments=True, lane="learner", on_publish=on_publish,
+                                force_started=force_started())
+    state = report.state
+    threads.report(report)
   return state

@@ -10,22 +10,25 @@ in the synchronous baseline.
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import numpy as np
 
 from ebrl.trajectories.rollout_buffer import RolloutBuffer
-from ebrl.scheduler.context import RunContext, update_and_publish
+from ebrl.scheduler.context import RunContext, Scheduler, UpdateReport, update_and_publish
 from ebrl.types import TrainState
 from sim_adapters.base import gather_all
 
 
-class PipelinedScheduler:
+class PipelinedScheduler(Scheduler):
 
   def __init__(self, ctx: RunContext):
     self.ctx = ctx
 
-  def run(self, state: TrainState, total_env_steps: int) -> TrainState:
+  def run(self, state: TrainState) -> Iterator[UpdateReport]:
+    """Yields a report per update for as long as the caller takes them."""
     ctx = self.ctx
-    groups, sampler, clock, log = ctx.host_envs, ctx.sampler, ctx.clock, ctx.log
+    groups, sampler, clock = ctx.host_envs, ctx.sampler, ctx.clock
     horizon, n = ctx.layout.rollout_length, ctx.layout.num_envs
     parts = range(len(groups))
     cols = [slice(int(o), int(o) + groups[s].num_envs) for s, o in enumerate(groups.offsets)]
@@ -37,7 +40,7 @@ class PipelinedScheduler:
         first = gather_all(groups[s], groups[s].num_envs)
       ctx.tracker.observe(groups.to_global(s, first))
       obs.append(first.obs)
-    while not log.should_stop(total_env_steps):
+    while True:
       pending = [None] * len(groups)
       # Prime the pipeline: every partition starts simulating its first step.
       for s in parts:
@@ -49,15 +52,16 @@ class PipelinedScheduler:
           acts, version = pending[s]
           buf.store(step, obs[s], acts, version, result, cols[s])
           ctx.tracker.observe(groups.to_global(s, result))
-          log.add_env_steps(groups[s].num_envs)
+          ctx.tracker.count_steps(groups[s].num_envs)
           obs[s] = result.obs
           if step + 1 < horizon:
             pending[s] = self._generate_and_send(s, obs[s])
       with clock.stage("gen", lane="sampler"):
         last_obs = {k: np.concatenate([o[k] for o in obs]) for k in obs[0]}
         last_values = sampler.value(last_obs)
-      state = update_and_publish(ctx, state, buf.rollout(last_values), lane="learner")
-    return state
+      report = update_and_publish(ctx, state, buf.rollout(last_values), lane="learner")
+      state = report.state
+      yield report
 
   def _generate_and_send(self, s: int, obs):
     group = self.ctx.host_envs[s]

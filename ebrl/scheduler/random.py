@@ -6,32 +6,36 @@ Benchmarks run it beside the real schedulers on the same adapter and cores, so
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import numpy as np
 
-from ebrl.scheduler.context import RunContext
+from ebrl.scheduler.context import RunContext, Scheduler, UpdateReport, report
 from ebrl.types import TrainState
 from sim_adapters.base import gather_all
 
 
-class RandomScheduler:
+class RandomScheduler(Scheduler):
+  learns = False
 
   def __init__(self, ctx: RunContext):
     self.ctx = ctx
 
-  def run(self, state: TrainState, total_env_steps: int) -> TrainState:
+  def run(self, state: TrainState) -> Iterator[UpdateReport]:
+    """Yields a report (no update: the same state, no metrics) per rollout for as long as the caller
+    takes them."""
     ctx = self.ctx
-    adapter, clock, spec, log = ctx.host_envs[0], ctx.clock, ctx.spec, ctx.log
+    adapter, clock, spec = ctx.host_envs[0], ctx.clock, ctx.spec
     n = ctx.layout.num_envs
     rng = np.random.default_rng(ctx.env_seed)
     with clock.stage("sim"):
       adapter.reset()
       ctx.tracker.observe(gather_all(adapter, n))
-    while not log.should_stop(total_env_steps):
+    while True:
       for _ in range(ctx.layout.rollout_length):
         actions = rng.uniform(spec.action_low, spec.action_high, (n, spec.action_dim)).astype(np.float32)
         with clock.stage("sim"):
           result = adapter.step(actions)
         ctx.tracker.observe(result)
-      log.add_env_steps(n * ctx.layout.rollout_length)
-      log.after_update(state, {})
-    return state
+      ctx.tracker.count_steps(n * ctx.layout.rollout_length)
+      yield report(ctx, state, {})

@@ -7,6 +7,11 @@ notes the moment a full window first reached it, episode by episode as they
 finish: a run's time to success is then when its episodes got there, not when
 the next update or metrics row happened to look.
 
+It also counts the run's env steps (`count_steps`, after the step's episodes
+were observed), so the env steps at that moment are known to within one step
+batch, and every reader (the recorder, the tuners, a benchmark's window) reads
+the one count the schedulers keep.
+
 A multi-task env (`tasks`, with each env's task id in `env_tasks`) also keeps
 a window per task: `success_rate_by_task` is each task's fraction of its own
 last `window` episodes, by the same definition, and None for a task with no
@@ -34,6 +39,9 @@ class EpisodeTracker:
     self.has_success = has_success
     self.target = target
     self.first_hit: float | None = None  # time.time() when a full window first reached target.
+    self.env_steps = 0  # Env steps (decisions) taken by the run, restored ones included.
+    self.env_steps_at_hit: int | None = None  # env_steps when first_hit was noted.
+    self.first_step_time: float | None = None  # time.time() of this launch's first counted steps.
     self._ret = np.zeros(num_envs, np.float64)
     self._len = np.zeros(num_envs, np.int64)
     self._succ = np.zeros(num_envs, np.float32)
@@ -64,6 +72,15 @@ class EpisodeTracker:
       self._ret[fin] = 0.0
       self._len[fin] = 0
       self._succ[fin] = 0.0
+
+  def count_steps(self, n: int) -> None:
+    """n env steps taken, whose episodes were observed already."""
+    with self._lock:
+      if self.first_step_time is None:
+        self.first_step_time = time.time()
+      self.env_steps += n
+      if self.first_hit is not None and self.env_steps_at_hit is None:
+        self.env_steps_at_hit = self.env_steps
 
   def add_finished(self, returns: np.ndarray, lengths: np.ndarray, successes: np.ndarray) -> None:
     """Whole finished episodes measured elsewhere (device simulators keep their own counts)."""

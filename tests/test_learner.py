@@ -263,8 +263,8 @@ def test_update_same_on_1_and_4_devices(tmp_path):
   env = dict(os.environ)
   env["PYTHONPATH"] = os.pathsep.join([ROOT] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
   env["JAX_PLATFORMS"] = "cpu"
-  env.pop("XLA_FLAGS", None)
-  env4 = {**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+  env["XLA_FLAGS"] = "--xla_cpu_multi_thread_eigen=false"  # As launches run on a machine of a few cores.
+  env4 = {**env, "XLA_FLAGS": env["XLA_FLAGS"] + " --xla_force_host_platform_device_count=4"}
   runs = {}
   outputs = {}
   try:

@@ -174,6 +174,7 @@ def test_segments_per_update_must_take_whole_groups(tmp_path):
     Trainer(_cfg(64, 1, segments_per_update=2), str(tmp_path), progress=False)
 
 
+@pytest.mark.slow  # The stop is LoopThreads', as on host envs (tests/test_async_pipeline.py, tests/test_interrupts.py).
 def test_ctrl_c_stops_threads_saves_checkpoint_and_summary(tmp_path):
   """SIGINT mid-run: every thread stops within 10 s, then the checkpoint and summary.json are written."""
   summary = interrupt_run(tmp_path / "run", [

@@ -18,9 +18,9 @@ SCRIPT = os.path.join(ROOT, "tests", "mjx_shard_check.py")
 
 def _run(out, devices: int) -> str:
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
-  env.pop("XLA_FLAGS", None)
+  env["XLA_FLAGS"] = "--xla_cpu_multi_thread_eigen=false"  # As launches run on a machine of a few cores.
   if devices > 1:
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["XLA_FLAGS"] += f" --xla_force_host_platform_device_count={devices}"
   proc = subprocess.run([sys.executable, SCRIPT, str(out), str(devices)], env=env, capture_output=True, text=True,
                         timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]

@@ -71,6 +71,7 @@ def test_fused_ppo_run_writes_the_usual_outputs(tmp_path):
   assert trainer.tracker.episodes == summary["episodes"]
 
 
+@pytest.mark.slow  # Random actions on a DeviceSim: the benchmarks' reference, a minute of compiles on CPU.
 def test_random_scheduler_on_device_env(tmp_path):
   _, summary = _train(_tiny_cfg(scheduler="random"), tmp_path)
   assert summary["env_steps"] == 96 and summary["policy_version"] == 0 and summary["episodes"] >= 8

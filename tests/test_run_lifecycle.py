@@ -226,7 +226,10 @@ LR_RUNS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(LR_RUNS))
+# The budget and the schedule are the driver's and the learner's, the same for every scheduler: the
+# device schedulers' runs (a minute or more of MJX compiles each on CPU) are opt-in.
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n.startswith("device") else n
+                                  for n in sorted(LR_RUNS)])
 def test_linear_schedule_reaches_its_last_value_on_the_last_update(name, tmp_path):
   spec = LR_RUNS[name]
   cfg = tiny(0, scheduler=spec["scheduler"])

@@ -21,8 +21,8 @@ def limit_xla_threads(small_machine_cores: int = 4) -> None:
 
   XLA's Eigen pool takes a thread per core and spins between calls; next to a
   simulator that needs every core, the policy's small matmuls gain nothing from
-  it and the spinning takes CPU from the simulator (MT10, 2 cores: 147 -> 138 µs
-  of CPU per env step). Must run before JAX starts its backend; a user's own
+  it and the spinning takes CPU from the simulator (BENCHMARKS.md measures it on
+  MT10). Must run before JAX starts its backend; a user's own
   XLA_FLAGS setting of it wins.
   """
   flags_now = os.environ.get("XLA_FLAGS", "")

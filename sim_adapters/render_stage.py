@@ -12,8 +12,8 @@ Every draw of the process runs on one render thread (`render_thread_ids`),
 which the resource manager places on the render quota of its plan; Mesa's
 rasterizer threads (llvmpipe-*) are created by that thread's first draw and
 inherit its cores. One thread, because draws must not overlap: EnvPool's render
-releases the GIL, and two threads drawing at once ran ~1.6x faster but
-segfaulted inside EnvPool's renderer after ~30k frames. The receiving thread
+releases the GIL, and two threads drawing at once ran faster but segfaulted
+inside EnvPool's renderer after tens of thousands of frames. The receiving thread
 waits for its frames (EnvPool's workers meanwhile step the envs still in
 flight). Every draw is a "render" span on lane render<i> of the run's clock
 when one is attached (`set_clock`): render time shows in trace.json and the

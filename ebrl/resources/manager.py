@@ -96,8 +96,8 @@ class ResourceManager:
     # Overlap or a barrier, measured on the run (overlap.py), where overlap is allowed at all and
     # the layout is fully batched: its envs step together, so a barrier parks them all at once and
     # the run becomes the sync schedule. Async groups under a barrier park envs a few at a time,
-    # leave too few in flight for a recv, and need the deadlock breaker (CartpoleBalance-v1, 32 envs
-    # in one group of recv 30: 57 segments force-started, 0.39x sync). A multi-task env's task pools
+    # leave too few in flight for a recv, and need the deadlock breaker (BENCHMARKS.md: far below
+    # sync on CartpoleBalance-v1). A multi-task env's task pools
     # each step their envs together and return whatever is in flight, so a barrier parks whole
     # pools and stalls none: every plan of one may be probed.
     # A tuner of its own beside this one (the driver asks both).
@@ -226,8 +226,8 @@ def attribute_cpu_change(reference: dict[str, float], measured: dict[str, float]
   whose wall cost per step moved the same way, by at least `min_share` of the
   reference CPU per step, share it in proportion to how far each moved. Wall
   cost alone would overstate it: a stage busy waiting on a slower neighbour is
-  busy longer per step at no extra CPU (a 110 µs burn per step made the sim
-  stage's wall cost 6.8x in a run, its CPU cost 2x).
+  busy longer per step at no extra CPU (a burn added to every sim step moved
+  the sim stage's wall cost several times as far as its CPU cost).
   """
   if CPU not in reference or CPU not in measured:
     return {}

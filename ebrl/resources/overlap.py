@@ -3,8 +3,8 @@
 Overlap pays only where the stages leave cores idle for each other. On a
 machine the simulator already saturates, training beside the rollout competes
 with it for cores (and for the GIL and the caches) and the sum is slower than
-the two one after another: on 2 cores, MetaWorld/Reach-v3 with 32 envs runs at
-about 0.87x sync overlapped and 1.06x sync with a barrier. No profile taken
+the two one after another (BENCHMARKS.md: MetaWorld/Reach-v3 on 2 cores is
+slower than sync overlapped and faster with a barrier). No profile taken
 stage by stage predicts that contention, so the run measures it.
 
 The knob is the queue's *admission staleness* (TrajectoryQueue.admission): with

@@ -229,8 +229,8 @@ def _batch_choices(shape: RunShape, cores: tuple[int, ...]) -> list[tuple[int, i
 
   Not among them: several groups that each receive all their envs. The model scores them (a user
   may set them with resources=manual), but a run pays more than a profile of the simulator alone
-  shows: MetaWorld/MT10 with 160 envs in two such groups spent 307 CPU µs per env step against
-  261 for one group (the profile's sync-mode sim cost at 80 envs: +4%), and ran 0.94x sync.
+  shows (BENCHMARKS.md: MetaWorld/MT10 with 160 envs in two such groups spent more CPU per env
+  step than in one, well beyond the profile's sync-mode sim cost at 80 envs, and ran below sync).
   """
   choices = []
   for groups in _group_choices(shape):

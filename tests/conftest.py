@@ -1,9 +1,7 @@
 """Shared test setup: JAX's persistent compilation cache, the `egl` marker, small fixtures.
 
 Compiles dominate test time on CPU, so every test process reuses compiled
-executables from .jax_cache/ (ignored by git) across runs, and the workers of
-a parallel run (`-n 2 --dist loadfile`: a module's tests, and its module-scoped
-fixtures, stay on one worker) share them.
+executables from .jax_cache/ (ignored by git) across runs.
 
 Pixel tests carry `@pytest.mark.egl`: on a machine without libEGL they are
 skipped, so the suite still runs there. CI sets EBRL_REQUIRE_EGL=1, under which
@@ -26,7 +24,7 @@ if ROOT not in sys.path:
 from ebrl import runtime  # pylint: disable=g-import-not-at-top
 
 # As every launch does on a machine of a few cores: XLA's CPU compute on the calling thread, not a
-# spinning pool per process (the suite runs in parallel worker processes, each with its own XLA).
+# pool that spins between calls beside the simulators and the subprocesses tests start.
 runtime.limit_xla_threads()
 
 import jax  # pylint: disable=g-import-not-at-top

@@ -61,7 +61,7 @@ class LoopThreads:
                for name, fn, args in stages]
     for th in threads:
       th.start()
-    interrupted = closed = False
+    interrupted = False
     try:
       while not self.stop.is_set():
         if external_stop is not None and external_stop.is_set():
@@ -76,21 +76,17 @@ class LoopThreads:
           taken.set()
     except KeyboardInterrupt:
       interrupted = True
-    except GeneratorExit:
-      closed = True
-      raise
-    finally:
+    finally:  # Also when the caller closes the generator: its GeneratorExit then ends it here.
       self.stop.set()
       on_stop()
       alive = self._join(threads)
-    if not closed:
-      while True:  # Updates that finished while the run stopped.
-        try:
-          item, taken = self._reports.get_nowait()
-        except queue.Empty:
-          break
-        taken.set()
-        yield item
+    while True:  # Updates that finished while the run stopped.
+      try:
+        item, taken = self._reports.get_nowait()
+      except queue.Empty:
+        break
+      taken.set()
+      yield item
     if self.errors:
       raise self.errors[0]
     if alive:

@@ -125,24 +125,25 @@ def train(config: ml_collections.ConfigDict | Mapping | None = None, workdir: st
   cfg = make_config(config, overrides)
   if cfg.resume and not workdir:
     raise UserError("resume=True continues the run in its workdir; pass workdir=<the run's directory>")
-  from ebrl import interrupts, runtime, validation  # pylint: disable=g-import-not-at-top
+  from ebrl import interrupts, runtime  # pylint: disable=g-import-not-at-top
   from ebrl import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   from ebrl.resources import gpu_sharing  # pylint: disable=g-import-not-at-top
+  from ebrl.validation import resolve  # pylint: disable=g-import-not-at-top
   from ebrl.trainer import Trainer  # pylint: disable=g-import-not-at-top
 
   # The config and the workdir first: nothing is started (no MPS daemon, no JAX backend) for a
   # request that cannot run. The checks that need the device count follow in the Trainer.
-  validation.validate(cfg, num_devices=None)
+  run = resolve(cfg)
   workdir = os.path.abspath(workdir or default_workdir(cfg))
-  workdir_lib.prepare(workdir, cfg)
+  workdir_lib.prepare(workdir, run.config, run.outputs.resume)
   runtime.limit_xla_threads()  # No effect once JAX has started (a notebook that used it already).
   runtime.enable_compilation_cache()
   stop = threading.Event()
   # Signals from here on: a SIGTERM while the run is built (a calibration takes seconds) stops it too.
   with interrupts.stop_on_signals(stop, log=log, second=second_interrupt):
-    gpu_sharing.begin(cfg)  # Before JAX's backend starts: an MPS daemon for stage processes on a GPU.
+    gpu_sharing.begin(run)  # Before JAX's backend starts: an MPS daemon for stage processes on a GPU.
     try:
-      trainer = Trainer(cfg, workdir, launch_time=launch_time, progress=progress, stop_requested=stop)
+      trainer = Trainer(run, workdir, launch_time=launch_time, progress=progress, stop_requested=stop)
     except BaseException:
       gpu_sharing.abandon()
       raise

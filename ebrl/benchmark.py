@@ -42,6 +42,7 @@ from typing import Callable, Sequence
 from ebrl import validation
 from ebrl import workdir as workdir_lib
 from ebrl.errors import UserError
+from ebrl.spec import RunSpec
 
 # Ratios worth reporting, as (numerator, denominator), when both ran.
 _RATIO_PAIRS = (("sync", "random"), ("ebrl", "sync"), ("ebrl", "pipelined"), ("ebrl", "random"),
@@ -246,14 +247,19 @@ def entry_config(entry: str, base_cfg):
   return cfg
 
 
-def run_one(name: str, base_cfg, workdir: str, warmup_updates: int, seconds: float) -> dict:
+def entry_spec(entry: str, base_cfg) -> RunSpec:
+  """An entry's run, checked and resolved: its config, timed by the bench's window, not a budget."""
+  cfg = entry_config(entry, base_cfg)
+  cfg.total_env_steps = 10**12  # The window's deadline ends the run.
+  cfg.checkpoint_every_s = 1e9
+  return validation.resolve(cfg)
+
+
+def run_one(name: str, run: RunSpec, workdir: str, warmup_updates: int, seconds: float) -> dict:
   """One entry: built fresh, warmed up, timed for `seconds`; its result and its trace spans."""
   from ebrl.trainer import Trainer
 
-  cfg = entry_config(name, base_cfg)
-  cfg.total_env_steps = 10**12  # The window's deadline ends the run.
-  cfg.checkpoint_every_s = 1e9
-  trainer = Trainer(cfg, workdir, progress=False)
+  trainer = Trainer(run, workdir, progress=False)
   try:
     result = _timed_run(name, trainer, warmup_updates, seconds)
     summary = trainer.finish()
@@ -270,9 +276,8 @@ def _timed_run(name: str, trainer, warmup_updates: int, seconds: float) -> dict:
   """Runs a built entry through its warm-up and its timed window; the window's result."""
   from ebrl.scheduler import make_scheduler  # pylint: disable=g-import-not-at-top
 
-  cfg = trainer.cfg
   window = _Window(warmup_updates, seconds)
-  scheduler = make_scheduler(cfg.scheduler, trainer.run_context())
+  scheduler = make_scheduler(trainer.run_spec.scheduler, trainer.run_context())
   try:
     for _ in trainer.run(scheduler=scheduler):
       window.observe(trainer)
@@ -292,7 +297,7 @@ def _timed_run(name: str, trainer, warmup_updates: int, seconds: float) -> dict:
                            "replans": trainer.resources.controller.replans if trainer.resources.controller else 0,
                            "bound": trainer.resources.bound}
   if trainer.overlap is not None:  # Host plans and device simulators alike.
-    result.setdefault("resources", {"mode": trainer.cfg.resources})["overlap_probes"] = [
+    result.setdefault("resources", {"mode": trainer.run_spec.resources})["overlap_probes"] = [
         dataclasses.asdict(r) for r in trainer.overlap.results]
   return result
 
@@ -387,15 +392,13 @@ def run_bench(spec: BenchSpec, cfg, log: Callable[[str], None] = print) -> dict:
   spec.check()
   base = spec.base_config(cfg)
   entries = spec.entries()
-  configs = {name: entry_config(name, base) for name in entries}
-  for entry_cfg in configs.values():  # Every entry's config, before MPS or JAX's backend starts.
-    validation.validate(entry_cfg, num_devices=None)
-  wanting = [c for c in configs.values() if gpu_sharing.wanted(c)]
+  runs_of = {name: entry_spec(name, base) for name in entries}  # Every entry, before MPS or JAX's backend starts.
+  wanting = [r for r in runs_of.values() if gpu_sharing.wanted(r)]
   if wanting:  # Before JAX's backend starts: MPS for an entry's learner process on a GPU.
     gpu_sharing.begin(wanting[0])
   try:
-    for entry_cfg in configs.values():  # The checks that need the device count.
-      validation.validate(entry_cfg, jax.local_device_count())
+    for run in runs_of.values():  # The checks that need the device count.
+      validation.check_devices(run, jax.local_device_count())
     spec.check_outputs()
   except BaseException:
     gpu_sharing.abandon()
@@ -410,7 +413,7 @@ def run_bench(spec: BenchSpec, cfg, log: Callable[[str], None] = print) -> dict:
         round_note = f" (round {k + 1} of {spec.rounds})" if spec.rounds > 1 else ""
         log(f"[bench] {name}: warm-up, then {spec.seconds:g} s timed{round_note}")
         workdir = os.path.join(root, name) if spec.rounds == 1 else os.path.join(root, name, f"round{k + 1}")
-        runs[name].append(run_one(name, base, workdir, spec.warmup_updates, spec.seconds))
+        runs[name].append(run_one(name, runs_of[name], workdir, spec.warmup_updates, spec.seconds))
   spans = {name: rs[-1].pop("_spans") for name, rs in runs.items()}
   results = {name: combine_rounds(rs) for name, rs in runs.items()}
   out = _report(spec, results, base, runtime.machine_info())

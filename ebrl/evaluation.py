@@ -9,7 +9,7 @@ over its own envs' episodes.
 
 A policy acts only in envs built the way its run built them: pixels, the
 render stage and action chunks change the observations and actions it was
-trained on. `RunEnv.of_run` reads those options from the run's config, and the
+trained on. `RunEnv.of_spec` reads those options from the run's spec, and the
 runners build their envs with them.
 """
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import TYPE_CHECKING
 
 import jax
 import numpy as np
@@ -24,6 +25,9 @@ import numpy as np
 from ebrl.errors import UserError
 from sim_adapters import is_device_env
 from sim_adapters.base import EnvSpec
+
+if TYPE_CHECKING:
+  from ebrl.spec import RunSpec
 
 # Env seed of held-out evaluations (launch.sft's, a fine-tuning run's start and final evaluation): far
 # from the seeds training and recording use (seed .. seed + 1000 tasks), so their initial states differ.
@@ -84,15 +88,11 @@ class RunEnv:
   gamma: float = 0.99
 
   @classmethod
-  def of_run(cls, cfg) -> "RunEnv":
-    """From a run's config (a ConfigDict read from its config.json)."""
-    d, env = cls(), cfg.get("env", {})
-    return cls(max_episode_steps=env.get("max_episode_steps", d.max_episode_steps),
-               from_pixels=env.get("from_pixels", d.from_pixels), render_size=env.get("render_size", d.render_size),
-               render_stage=env.get("render_stage", d.render_stage),
-               chunk_size=cfg.get("policy", {}).get("chunk_size", d.chunk_size),
-               reward_type=env.get("reward_type", d.reward_type),
-               gamma=cfg.get("algorithm", {}).get("gamma", d.gamma))
+  def of_spec(cls, run: "RunSpec") -> "RunEnv":
+    """From a run's spec (ebrl/spec.py)."""
+    return cls(max_episode_steps=run.env.max_episode_steps, from_pixels=run.env.from_pixels,
+               render_size=run.env.render_size, render_stage=run.env.render_stage,
+               chunk_size=run.policy.chunk_size, reward_type=run.env.reward_type, gamma=run.algorithm.gamma)
 
   def adapter_kwargs(self) -> dict:
     """sim_adapters.make_adapter's options for the run's own adapter. With reward_type="action" a
@@ -293,15 +293,25 @@ def _run_config(checkpoint: str):
     return ml_collections.ConfigDict(json.load(f))
 
 
-def _restore(checkpoint: str, cfg, policy):
-  """The newest readable checkpoint of the run, into a state shaped by the run's own config."""
+def saved_run(saved) -> "RunSpec":
+  """A run's config.json as its spec: over today's defaults, so a config written before a key
+  existed reads as that key's default (it was checked when the run started)."""
+  from ebrl.defaults import get_config  # pylint: disable=g-import-not-at-top
+  from ebrl.spec import translate
+
+  cfg = get_config()
+  cfg.update(saved)
+  return translate(cfg)
+
+
+def _restore(checkpoint: str, run: "RunSpec", policy):
+  """The newest readable checkpoint of the run, into a state shaped by the run's own settings."""
   import os  # pylint: disable=g-import-not-at-top
 
   from ebrl.checkpointing import Checkpointer
-  from ebrl.layout import RunLayout
   from ebrl.learner import LearnerConfig, init_train_state
 
-  template = init_train_state(policy, LearnerConfig.from_config(cfg, RunLayout.from_config(cfg)),
+  template = init_train_state(policy, LearnerConfig.of(run.algorithm, run.layout, run.max_staleness),
                               jax.random.PRNGKey(0))
   ckpt = Checkpointer(os.path.join(checkpoint, "checkpoints"), warn=lambda m: None)
   try:
@@ -338,25 +348,25 @@ def evaluate_run(checkpoint: str, env: str | None = None, episodes: int = 32, se
   from sim_adapters import UnknownEnvError, check_env_name
 
   check_args(episodes, seed)
-  cfg = _run_config(checkpoint)  # Its messages name the workdir as given.
+  run = saved_run(_run_config(checkpoint))  # Its messages name the workdir as given.
   checkpoint = os.path.abspath(checkpoint)
-  env_name = env or cfg.env.name
+  env_name = env or run.env.name
   try:
     check_env_name(env_name)
   except UnknownEnvError as e:
     raise UserError(str(e)) from None
   if out:  # Before the episodes run: an unwritable out would lose them.
     check_output_file("out", out)
-  run_env = RunEnv.of_run(cfg)
+  run_env = RunEnv.of_spec(run)
   runner = make_runner(env_name, episodes, seed, run_env)
-  train_spec = spec_of(cfg.env.name, run_env) if env_name != cfg.env.name else runner.spec
+  train_spec = spec_of(run.env.name, run_env) if env_name != run.env.name else runner.spec
   check_same_observations(train_spec, runner.spec)
   try:
-    policy = make_policy(cfg.policy.name, runner.spec, cfg.policy)
+    policy = make_policy(run.policy.name, runner.spec, run.policy)
   except (IncompatibleObservationError, ValueError) as e:
     raise UserError(f"checkpoint={checkpoint}: {e}") from None
-  state, meta = _restore(checkpoint, cfg, policy)
-  result = {"env": env_name, "trained_on": cfg.env.name, **runner.run(policy, state.params),
+  state, meta = _restore(checkpoint, run, policy)
+  result = {"env": env_name, "trained_on": run.env.name, **runner.run(policy, state.params),
             "checkpoint_env_steps": int(meta["env_steps"])}
   if out:
     with open(out, "w") as f:

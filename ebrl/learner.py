@@ -114,16 +114,15 @@ class LearnerConfig:
   ppo: PPOConfig = PPOConfig()
 
   @classmethod
-  def from_config(cls, cfg, layout) -> "LearnerConfig":
-    """A run's learner settings: `cfg.algorithm`, with the per-transition discount and the update
-    count from its RunLayout (ebrl/layout.py)."""
-    a = cfg.algorithm
+  def of(cls, a, layout, max_staleness: int) -> "LearnerConfig":
+    """A run's learner settings: its `algorithm` settings (ebrl/spec.py), with the per-transition
+    discount and the update count from its RunLayout and the async scheduler's staleness bound."""
     return cls(
         gamma=layout.gamma, gae_lambda=a.gae_lambda, epochs=a.epochs, num_minibatches=a.num_minibatches,
         learning_rate=a.learning_rate, lr_schedule=a.lr_schedule, total_updates=layout.total_updates,
         max_grad_norm=a.max_grad_norm, target_kl=a.target_kl, reward_scale=a.reward_scale,
         reward_norm=a.reward_norm, num_envs=layout.num_envs, obs_norm_update=a.obs_norm_update,
-        value_norm=a.value_norm, value_norm_count=float(a.value_norm_count), max_staleness=cfg.ebrl.max_staleness,
+        value_norm=a.value_norm, value_norm_count=float(a.value_norm_count), max_staleness=max_staleness,
         algorithm=a.name, group_size=a.group_size,
         critic_warmup_updates=a.critic_warmup_updates, ref_kl_coef=float(a.ref_kl_coef), ratio_level=a.ratio_level,
         correction=a.correction, vtrace_rho_clip=a.vtrace_rho_clip, vtrace_c_clip=a.vtrace_c_clip,

@@ -65,15 +65,15 @@ def run_profile(cfg, *, env: str, policy: str, num_envs: int | None = None, seco
   from ebrl.resources.inventory import take_inventory
   from ebrl.resources.manager import gpu_note
   from ebrl.telemetry.writers import write_json
-  from sim_adapters import is_device_env
 
   check(seconds, num_envs)
   cfg = cfg.copy_and_resolve_references()
   cfg.env.name, cfg.policy.name, cfg.scheduler = env, policy, "ebrl"
   if num_envs is not None:
     cfg.num_envs = num_envs
-  validation.validate(cfg, jax.local_device_count())
-  if is_device_env(cfg.env.name):
+  run = validation.resolve(cfg)
+  validation.check_devices(run, jax.local_device_count())
+  if run.device_env:
     raise UserError(f"env '{cfg.env.name}' is a device simulator; the profiler plans host env stages "
                     "(MetaWorld/..., EnvPool ids)")
   if out:
@@ -82,8 +82,8 @@ def run_profile(cfg, *, env: str, policy: str, num_envs: int | None = None, seco
   inv = take_inventory()
   for line in inv.summary_lines():
     log(line)
-  prof = profiler.measure(cfg, inv, full=True, seconds=seconds)
-  shape = planner.RunShape.from_config(cfg)
+  prof = profiler.measure(run, inv, full=True, seconds=seconds)
+  shape = planner.RunShape.of(run)
   plan = planner.plan_auto(prof, inv.cpu_cores, shape, (gpu_note(inv),))
   bound = planner.work_conserving_bound(prof, inv.cpu_cores, shape)
   for line in plan_lines(prof, plan, bound, len(inv.cpu_cores)):

@@ -22,6 +22,7 @@ import time
 from typing import Callable, Iterator
 
 import jax
+import ml_collections
 import numpy as np
 import tqdm
 import tqdm.auto
@@ -40,6 +41,8 @@ from ebrl.resources.overlap import OverlapSwitch
 from ebrl.sampler import Sampler
 from ebrl.scheduler import make_scheduler
 from ebrl.scheduler.context import RunContext
+from ebrl.spec import RunSpec, derive_layout
+from ebrl.validation import resolve
 from ebrl.telemetry import plots
 from ebrl.telemetry.episodes import EpisodeTracker
 from ebrl.telemetry.stages import StageClock
@@ -49,7 +52,7 @@ from ebrl.transport import shm
 from ebrl.tuning import Mark, UpdateReport
 from policies import IncompatibleObservationError, make_policy
 from policies.base import action_size
-from sim_adapters import is_device_env, make_env_groups, multitask_tasks
+from sim_adapters import make_env_groups
 from sim_adapters.envpool_adapter import UnsupportedEnvError
 from sim_adapters.multitask import env_task_ids
 
@@ -124,14 +127,15 @@ class Trainer:
   memory, open files, the checkpointer) is released by `finish` or `abort`, and by the constructor
   itself when building fails part way, each in its own guard."""
 
-  def __init__(self, cfg, workdir: str, *, launch_time: float | None = None, progress: bool = True,
+  def __init__(self, run_spec: RunSpec | ml_collections.ConfigDict, workdir: str, *,
+               launch_time: float | None = None, progress: bool = True,
                stop_requested: threading.Event | None = None):
     self._closers: list[tuple[str, Callable[[], None]]] = []  # Released last to first.
     self._finished: dict | None = None
     # Ctrl-C / SIGTERM (ebrl.interrupts) ask the run to stop at the next update boundary.
     self.stop_requested = stop_requested if stop_requested is not None else threading.Event()
     try:
-      self._build(cfg, workdir, launch_time, progress)
+      self._build(run_spec, workdir, launch_time, progress)
     except BaseException:
       self._release(raise_errors=False)
       raise
@@ -154,63 +158,67 @@ class Trainer:
     if first is not None and raise_errors:
       raise first
 
-  def _build(self, cfg, workdir: str, launch_time: float | None, progress: bool) -> None:
-    self.cfg = cfg
+  def _build(self, run_spec: RunSpec | ml_collections.ConfigDict, workdir: str, launch_time: float | None,
+             progress: bool) -> None:
+    if not isinstance(run_spec, RunSpec):  # A config, from a notebook or a test: checked and translated here.
+      run_spec = resolve(run_spec)
+    self.run_spec = run_spec
     self.workdir = os.path.abspath(workdir)
     self.launch_time = launch_time or time.time()
     say = tqdm.tqdm.write if progress else (lambda m: None)
     # Start-up, in seconds from launch: imports done, envs and learner built, first env steps
     # taken, first update applied (startup_s in summary.json; the last two include compiles).
     self.startup_s: dict[str, float] = {"imports": time.time() - self.launch_time}
-    validation.validate(cfg, jax.local_device_count())
-    workdir_lib.prepare(self.workdir, cfg)
+    device_placement = validation.check_devices(run_spec, jax.local_device_count())
+    workdir_lib.prepare(self.workdir, run_spec.config, run_spec.outputs.resume)
     # A resumed launch draws fresh initial states: its env seed derives from the run seed and the
     # env steps it resumes at, so each launch from the same checkpoint is the same, and a run
     # preempted N times does not replay its first episodes N times.
-    resume_meta = _latest_meta(os.path.join(self.workdir, "checkpoints")) if cfg.resume else None
-    self.env_seed = launch_env_seed(cfg.seed, int(resume_meta["env_steps"]) if resume_meta else 0)
-    device_env = is_device_env(cfg.env.name)
+    resume_meta = _latest_meta(os.path.join(self.workdir, "checkpoints")) if run_spec.outputs.resume else None
+    self.env_seed = launch_env_seed(run_spec.seed, int(resume_meta["env_steps"]) if resume_meta else 0)
+    device_env = run_spec.device_env
     self.resources = None  # The ebrl scheduler's ResourceManager (host envs).
-    if cfg.scheduler == "ebrl" and cfg.resources != "off" and not device_env:
+    if run_spec.async_ is not None and run_spec.resources != "off" and not device_env:
       from ebrl.resources.manager import ResourceManager
       try:
-        self.resources = ResourceManager(cfg, log=say)
+        self.resources = ResourceManager(run_spec, log=say)
       except ValueError as e:
         raise UserError(str(e)) from None
-    self.overlap = self._overlap_switch(cfg, device_env, say)
-    self.layout = RunLayout.from_config(cfg, self.resources.plan if self.resources else None, device_env)
-    self.placement = self._placement(cfg, device_env)
+    self.overlap = self._overlap_switch(run_spec, device_env, say)
+    # The spec's layout, or the plan's: the resource manager sizes groups and batches for this machine.
+    self.layout = derive_layout(run_spec, self.resources.plan) if self.resources else run_spec.layout
+    self.placement = self._placement(run_spec, device_placement)
     self.tracer = Tracer()
     self.clock = StageClock(self.tracer)  # Stages' busy time and spans (the render stage's draws too).
     self.device_sim = None
     self.host_envs = None
     if device_env:
-      self._build_device_sim(cfg, self.layout)
+      self._build_device_sim(run_spec, self.layout)
     else:
-      self._build_host_groups(cfg, self.layout)
+      self._build_host_groups(run_spec, self.layout)
     self._hold("envs", self.envs.close)
     self.spec = self.envs.spec
     try:
-      self.policy = make_policy(cfg.policy.name, self.spec, cfg.policy)
+      self.policy = make_policy(run_spec.policy.name, self.spec, run_spec.policy)
     except (IncompatibleObservationError, ValueError) as e:
-      raise UserError(f"policy '{cfg.policy.name}': {e}") from None
+      raise UserError(f"policy '{run_spec.policy.name}': {e}") from None
 
     self.action_size = action_size(self.policy, self.spec)
-    self.learner = Learner(self.policy, LearnerConfig.from_config(cfg, self.layout),
+    self.learner = Learner(self.policy, LearnerConfig.of(run_spec.algorithm, self.layout, run_spec.max_staleness),
                            mesh=make_mesh(self._local_devices(self.placement.train)))
     # threads or processes; a learner process's /dev/shm space is checked here, before any compile.
-    self.stage_placement = self._stage_placement(cfg, say)
-    remote_spec = self._learner_process_spec(cfg) if self.stage_placement == "processes" else None
+    self.stage_placement = self._stage_placement(run_spec, say)
+    remote_spec = self._learner_process_spec(run_spec) if self.stage_placement == "processes" else None
     # Host acting: generation on its own devices (a device env's policy acts inside the sim's scan).
     gen_mesh = None if self.device_sim is not None else make_mesh(self._local_devices(self.placement.gen))
     self.params = self._param_store(gen_mesh)
-    self.sampler = Sampler(self.policy, self.spec, self.params, seed=cfg.seed + 1, mesh=gen_mesh,
-                           prenormalized=cfg.algorithm.obs_norm_update == "every_step")
-    self.tracker = self._episode_tracker(cfg)
-    self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"), keep=cfg.keep_checkpoints,
+    self.sampler = Sampler(self.policy, self.spec, self.params, seed=run_spec.seed + 1, mesh=gen_mesh,
+                           prenormalized=run_spec.algorithm.obs_norm_update == "every_step")
+    self.tracker = self._episode_tracker(run_spec)
+    self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"), keep=run_spec.outputs.keep_checkpoints,
                                      warn=lambda m: tqdm.tqdm.write(m))
     self._hold("checkpointer", self.checkpointer.close)
-    self.state = self.learner.init(jax.random.PRNGKey(cfg.seed))
+    self.state = self.learner.init(jax.random.PRNGKey(run_spec.seed))
     self.prior_wall_s = 0.0  # Wall time of earlier launches of this run (resume).
     self.time_to_success_s = None
     self.env_steps_to_success = None  # Env steps when time_to_success_s was reached (sample efficiency).
@@ -222,13 +230,14 @@ class Trainer:
     self.stale_dropped = 0
     self.force_started = 0
     self.events: list[dict] = []  # {"t": run wall_s, "label"}: the tuners' actions, for the controller plot.
-    self.start_eval: dict | None = None  # cfg.eval_episodes > 0: the starting policy's evaluation.
-    restored = self._resume() if cfg.resume else False
-    if cfg.warm_start and restored:
-      tqdm.tqdm.write(f"warm start from {cfg.warm_start} not applied: the restored checkpoint's params win")
-    elif cfg.warm_start:  # Whenever no checkpoint was restored (also a first launch with resume=True).
-      self._warm_start(cfg.warm_start)
-    if cfg.eval_episodes > 0 and self.start_eval is None:  # A resumed run keeps its own.
+    self.start_eval: dict | None = None  # run_spec.outputs.eval_episodes > 0: the starting policy's evaluation.
+    restored = self._resume() if run_spec.outputs.resume else False
+    if run_spec.outputs.warm_start and restored:
+      tqdm.tqdm.write(f"warm start from {run_spec.outputs.warm_start} not applied: "
+                      "the restored checkpoint's params win")
+    elif run_spec.outputs.warm_start:  # Whenever no checkpoint was restored (also a first launch with resume=True).
+      self._warm_start(run_spec.outputs.warm_start)
+    if run_spec.outputs.eval_episodes > 0 and self.start_eval is None:  # A resumed run keeps its own.
       self.start_eval = self.evaluate("start")
     self.params.publish(self.state)
     # Updates made so far, as a Python int any thread may read (the state itself is donated to
@@ -244,7 +253,7 @@ class Trainer:
     self._last_ckpt = self.start_time
     self._last_metrics: dict = {}
     # tqdm.auto: a widget in a notebook, the text bar in a terminal.
-    self.bar = tqdm.auto.tqdm(total=cfg.total_env_steps, initial=self.env_steps, unit="step", unit_scale=True,
+    self.bar = tqdm.auto.tqdm(total=run_spec.total_env_steps, initial=self.env_steps, unit="step", unit_scale=True,
                          mininterval=1.0, dynamic_ncols=True, disable=not progress)
     self._hold("progress bar", self.bar.close)
     if remote_spec is not None:
@@ -253,68 +262,69 @@ class Trainer:
     # Tuners: the resource controller and the overlap probe (ebrl/tuning.py), in that order.
     self.tuners = tuple(t for t in (self.resources, self.overlap) if t is not None)
     # Last: a run that failed to build leaves no config.json, so the same workdir takes a retry.
-    workdir_lib.write_config(self.workdir, cfg)
+    workdir_lib.write_config(self.workdir, run_spec.config)
 
-  def _episode_tracker(self, cfg) -> EpisodeTracker:
+  def _episode_tracker(self, run_spec: RunSpec) -> EpisodeTracker:
     """The run's episode statistics; with a multi-task env, per task too. Every env group holds the
     same task list over `envs_per_group` envs, laid out as one adapter lays out its envs."""
-    tasks = () if self.device_sim is not None else multitask_tasks(cfg.env.name) or ()
+    tasks = () if self.device_sim is not None else run_spec.tasks or ()
     env_tasks = None
     if tasks:
       env_tasks = np.tile(env_task_ids(self.layout.envs_per_group, len(tasks)), self.layout.num_groups)
-    return EpisodeTracker(cfg.num_envs, self.spec.has_success, target=cfg.target_success, tasks=tasks,
+    return EpisodeTracker(run_spec.num_envs, self.spec.has_success, target=run_spec.outputs.target_success, tasks=tasks,
                           env_tasks=env_tasks)
 
-  def _overlap_switch(self, cfg, device_env: bool, say: Callable[[str], None]) -> OverlapSwitch | None:
+  def _overlap_switch(self, run_spec: RunSpec, device_env: bool, say: Callable[[str], None]) -> OverlapSwitch | None:
     """Overlap or a barrier, measured on the run (ebrl/resources/overlap.py): the resource manager's
     on host envs; on a device simulator (no stages to place) resources=auto probes only that."""
     if self.resources is not None:
       return self.resources.overlap
-    if not (device_env and cfg.scheduler == "ebrl" and cfg.resources == "auto"):
+    if not (device_env and run_spec.async_ is not None and run_spec.resources == "auto"):
       return None
-    if not OverlapSwitch.allowed(cfg):
-      say(f"[resources] auto on '{cfg.env.name}': nothing to choose (the device simulator fuses sim and "
-          f"generation; max_staleness={cfg.ebrl.max_staleness}, quotas.overlap_probe_s={cfg.quotas.overlap_probe_s})")
+    if not OverlapSwitch.allowed(run_spec):
+      say(f"[resources] auto on '{run_spec.env.name}': nothing to choose (the device simulator fuses sim and "
+          f"generation; max_staleness={run_spec.max_staleness}, "
+          f"quotas.overlap_probe_s={run_spec.quotas.overlap_probe_s})")
       return None
-    say(f"[resources] auto on '{cfg.env.name}': the device simulator fuses sim and generation in XLA's threads; "
+    say(f"[resources] auto on '{run_spec.env.name}': the device simulator fuses sim and generation in XLA's threads; "
         "overlap against a barrier is probed on the run")
-    return OverlapSwitch(cfg.ebrl.max_staleness, cfg.quotas.overlap_probe_s, say)
+    return OverlapSwitch(run_spec.max_staleness, run_spec.quotas.overlap_probe_s, say)
 
-  def _stage_placement(self, cfg, say: Callable[[str], None]) -> str:
+  def _stage_placement(self, run_spec: RunSpec, say: Callable[[str], None]) -> str:
     """threads or processes: the config's, or with placement=auto the plan's (threads without one,
     and threads where /dev/shm cannot hold the learner process's ring and state slot)."""
-    if cfg.placement != "auto":
-      return cfg.placement
+    if run_spec.learner_placement != "auto":
+      return run_spec.learner_placement
     chosen = self.resources.plan.placement if self.resources is not None else "threads"
     if chosen == "processes":
-      needed = shared_memory_bytes(self.learner, self._learner_process_spec(cfg, check=False))
+      needed = shared_memory_bytes(self.learner, self._learner_process_spec(run_spec, check=False))
       if not shm.fits(needed):
         say(f"[placement] the plan's learner process needs {needed / 2**20:,.1f} MiB of {shm.SHM_DIR}, which has "
             f"{(shm.free_bytes() or 0) / 2**20:,.1f} MiB free: the learner stays in this process")
         return "threads"
     return chosen
 
-  def _learner_process_spec(self, cfg, check: bool = True) -> LearnerProcessSpec:
+  def _learner_process_spec(self, run_spec: RunSpec, check: bool = True) -> LearnerProcessSpec:
     """The learner process's spec (its cores, priority, devices); `check`: ShmSpaceError now if
     /dev/shm cannot hold its ring and state slot."""
     cores = tuple(self.resources.plan.cpu_sets["train"]) if self.resources is not None else ()
-    spec = LearnerProcessSpec(policy_name=cfg.policy.name, policy_cfg=cfg.policy, env_spec=self.spec,
+    spec = LearnerProcessSpec(policy_name=run_spec.policy.name, policy_cfg=run_spec.policy, env_spec=self.spec,
                               learner_cfg=self.learner.cfg, rollout_length=self.layout.rollout_length,
                               segments_per_update=self.layout.segments_per_update, action_size=self.action_size,
                               train_devices=tuple(self.placement.train), cores=cores,
-                              priority=profiler.learner_priority(cfg))
+                              priority=profiler.learner_priority(run_spec))
     if check:
       shm.check_space(shared_memory_bytes(self.learner, spec), "the learner process (placement=processes)")
     return spec
 
   def _learner_process(self, spec: LearnerProcessSpec, say: Callable[[str], None]) -> RemoteLearner:
     """The learner in a spawned process on the plan's train cores (ebrl/learner_process.py)."""
-    cfg = self.cfg
+    run_spec = self.run_spec
     sharing = gpu_sharing.current()
     mps = sharing is not None and sharing.mode == "mps"
     share = ""
     if mps:
-      sm = self._learner_sm_percent(cfg)
+      sm = self._learner_sm_percent(run_spec)
       spec = dataclasses.replace(spec, **sharing.learner_env(sm))
       share = f", {sm}% of the SMs"
     remote = RemoteLearner(self.learner, spec)
@@ -329,16 +339,16 @@ class Trainer:
       say(sharing.note)
     return remote
 
-  def _learner_sm_percent(self, cfg) -> int:
+  def _learner_sm_percent(self, run_spec: RunSpec) -> int:
     """The learner process's SM share: the config's, else the plan's (from shares the profile
     measured), else its part of the profiled GPU time per step."""
-    if not cfg.quotas.learner_sm_percent and self.resources is not None and self.resources.plan.learner_sm_percent:
+    if not run_spec.quotas.learner_sm_percent and self.resources is not None and self.resources.plan.learner_sm_percent:
       return self.resources.plan.learner_sm_percent
     profile = self.resources.profile if self.resources is not None else None
     if profile is None:
-      return gpu_sharing.learner_sm_percent(cfg.quotas.learner_sm_percent, 1.0, 1.0)
-    n = cfg.num_envs
-    return gpu_sharing.learner_sm_percent(cfg.quotas.learner_sm_percent, profile.gen_wall_us(n) * 1e-6 / n,
+      return gpu_sharing.learner_sm_percent(run_spec.quotas.learner_sm_percent, 1.0, 1.0)
+    n = run_spec.num_envs
+    return gpu_sharing.learner_sm_percent(run_spec.quotas.learner_sm_percent, profile.gen_wall_us(n) * 1e-6 / n,
                                           1.0 / max(profile.train_rate(), 1e-9))
 
   @staticmethod
@@ -346,13 +356,16 @@ class Trainer:
     local = jax.local_devices()
     return [local[i] for i in indices]
 
-  def _placement(self, cfg, device_env: bool):
-    """Local devices per stage (config.devices); "auto" splits them by the plan's stage costs."""
+  def _placement(self, run_spec: RunSpec, checked):
+    """Local devices per stage (config.devices) as `validation.check_devices` found them; with a
+    plan, "auto" splits them by the plan's stage costs instead."""
     from ebrl.resources import devices as devices_lib  # pylint: disable=g-import-not-at-top
 
-    costs = self.resources.plan.stage_cost_us if self.resources is not None else {}
-    placement = devices_lib.resolve(cfg.devices, jax.local_device_count(), device_env,
-                                    gen_cost=costs.get("gen", 1.0), train_cost=costs.get("train", 1.0))
+    placement = checked
+    if self.resources is not None:
+      costs = self.resources.plan.stage_cost_us
+      placement = devices_lib.resolve(run_spec.devices, jax.local_device_count(), run_spec.device_env,
+                                      gen_cost=costs.get("gen", 1.0), train_cost=costs.get("train", 1.0))
     if jax.local_device_count() > 1:
       tqdm.tqdm.write(devices_lib.demand_split_note(placement, jax.local_device_count()))
     return placement
@@ -374,20 +387,21 @@ class Trainer:
 
   def run_context(self) -> RunContext:
     """What the scheduler drives (ebrl/scheduler/context.py)."""
-    cfg = self.cfg
+    run_spec = self.run_spec
     return RunContext(
         layout=self.layout, spec=self.spec, action_size=self.action_size, policy=self.policy,
         sampler=self.sampler, learner=self.learner, params=self.params, clock=self.clock, tracker=self.tracker,
-        stop=self.stop_requested, host_envs=self.host_envs, device_sim=self.device_sim, seed=cfg.seed,
-        env_seed=self.env_seed, max_staleness=cfg.ebrl.max_staleness, max_wait_s=cfg.ebrl.max_wait_ms / 1000.0,
+        stop=self.stop_requested, host_envs=self.host_envs, device_sim=self.device_sim, seed=run_spec.seed,
+        env_seed=self.env_seed, max_staleness=run_spec.max_staleness,
+        max_wait_s=run_spec.async_.max_wait_s if run_spec.async_ else 0.0,
         pinning=self.resources.enforcer if self.resources is not None else None)
 
   def run(self, total_env_steps: int | None = None, scheduler=None) -> Iterator[UpdateReport]:
     """Drives the config's scheduler (or `scheduler`) from the current state until the budget
     (default the config's) is spent or a stop is requested, yielding each update's report once
     recorded; `finish` then writes the outputs."""
-    total = self.cfg.total_env_steps if total_env_steps is None else total_env_steps
-    scheduler = scheduler or make_scheduler(self.cfg.scheduler, self.run_context())
+    total = self.run_spec.total_env_steps if total_env_steps is None else total_env_steps
+    scheduler = scheduler or make_scheduler(self.run_spec.scheduler, self.run_context())
     budget = Budget(updates=self.layout.updates_for(total), env_steps=total, stop=self.stop_requested)
     return drive(scheduler, self.state, self, self.tuners, budget, self.updates_done, self.env_steps)
 
@@ -396,7 +410,7 @@ class Trainer:
     for _ in self.run(total_env_steps, scheduler):
       pass
 
-  def _build_host_groups(self, cfg, layout: RunLayout) -> None:
+  def _build_host_groups(self, run_spec: RunSpec, layout: RunLayout) -> None:
     """EnvPool env groups (host simulators) for the sync / pipelined / ebrl schedulers."""
     placement, adopt = {}, contextlib.nullcontext()
     if self.resources is not None:  # EnvPool's workers are pinned to the plan's sim quota.
@@ -405,24 +419,24 @@ class Trainer:
     try:
       with adopt:
         self.host_envs = make_env_groups(
-            cfg.env.name, layout.num_groups, layout.envs_per_group, recv_batch=layout.recv_batch,
+            run_spec.env.name, layout.num_groups, layout.envs_per_group, recv_batch=layout.recv_batch,
             num_threads=layout.sim_threads,
-            seed=self.env_seed, max_episode_steps=cfg.env.max_episode_steps, from_pixels=cfg.env.from_pixels,
-            render_size=cfg.env.render_size, straggler_fraction=cfg.env.straggler_fraction,
-            straggler_slowdown=cfg.env.straggler_slowdown,
-            straggler_step_s=cfg.env.straggler_step_ms / 1000.0 or None,
-            shift_at_s=cfg.env.shift_at_s, shift_sim_us=cfg.env.shift_sim_us,
-            chunk_size=cfg.policy.chunk_size, reward_type=cfg.env.reward_type, gamma=cfg.algorithm.gamma,
-            env_group_size=cfg.algorithm.group_size if cfg.algorithm.name == "grpo" else 1,
-            render_stage=cfg.env.render_stage, clock=self.clock,
+            seed=self.env_seed, max_episode_steps=run_spec.env.max_episode_steps, from_pixels=run_spec.env.from_pixels,
+            render_size=run_spec.env.render_size, straggler_fraction=run_spec.env.straggler_fraction,
+            straggler_slowdown=run_spec.env.straggler_slowdown,
+            straggler_step_s=run_spec.env.straggler_step_ms / 1000.0 or None,
+            shift_at_s=run_spec.env.shift_at_s, shift_sim_us=run_spec.env.shift_sim_us,
+            chunk_size=run_spec.policy.chunk_size, reward_type=run_spec.env.reward_type, gamma=run_spec.algorithm.gamma,
+            env_group_size=run_spec.algorithm.group_size if run_spec.algorithm.name == "grpo" else 1,
+            render_stage=run_spec.env.render_stage, clock=self.clock,
             **placement)
     except (UnsupportedEnvError, ValueError) as e:
       raise UserError(str(e)) from None
-    if self.resources is not None and cfg.env.render_stage:  # Draws get the render quota, not sim's.
+    if self.resources is not None and run_spec.env.render_stage:  # Draws get the render quota, not sim's.
       from sim_adapters.render_stage import render_thread_ids
       self.resources.enforcer.assign("render", render_thread_ids())
 
-  def _build_device_sim(self, cfg, layout: RunLayout) -> None:
+  def _build_device_sim(self, run_spec: RunSpec, layout: RunLayout) -> None:
     """One DeviceSim over the simulator's devices (config.devices.sim; default every local device), driven by
     the fused rollout (ebrl/scheduler/device_sync.py).
 
@@ -432,14 +446,15 @@ class Trainer:
     from sim_adapters.mjx import make_device_sim
     from sim_adapters.mjx.device_sim import make_sim_mesh
 
-    unsupported = {"env.from_pixels": cfg.env.from_pixels, "env.straggler_fraction": cfg.env.straggler_fraction,
-                   "env.straggler_step_ms": cfg.env.straggler_step_ms, "env.shift_sim_us": cfg.env.shift_sim_us}
+    env = run_spec.env
+    unsupported = {"env.from_pixels": env.from_pixels, "env.straggler_fraction": env.straggler_fraction,
+                   "env.straggler_step_ms": env.straggler_step_ms, "env.shift_sim_us": env.shift_sim_us}
     for key, value in unsupported.items():
       if value:
-        raise UserError(f"{key}={value!r} is not supported for device env '{cfg.env.name}' (host envs only)")
+        raise UserError(f"{key}={value!r} is not supported for device env '{run_spec.env.name}' (host envs only)")
     try:
-      self.device_sim = make_device_sim(cfg.env.name, layout.envs_per_group,
-                                        max_episode_steps=cfg.env.max_episode_steps,
+      self.device_sim = make_device_sim(run_spec.env.name, layout.envs_per_group,
+                                        max_episode_steps=run_spec.env.max_episode_steps,
                                         mesh=make_sim_mesh(self._local_devices(self.placement.sim)))
     except (ValueError, RuntimeError) as e:
       raise UserError(str(e)) from None
@@ -449,10 +464,10 @@ class Trainer:
     from ebrl.telemetry.shift_plot import demand_shift
 
     events = list(self.events)
-    shifted = self.host_envs[0].shifted_at if self.cfg.env.shift_sim_us else None  # Every group shifts at once.
+    shifted = self.host_envs[0].shifted_at if self.run_spec.env.shift_sim_us else None  # Every group shifts at once.
     if shifted is not None:
       events.append({"t": self.prior_wall_s + shifted - self.launch_time,
-                     "label": f"sim +{self.cfg.env.shift_sim_us:.0f} us/step"})
+                     "label": f"sim +{self.run_spec.env.shift_sim_us:.0f} us/step"})
     demand_shift(rows, events, os.path.join(self.workdir, "plots", "controller.png"), title)
 
   # -- resume / checkpoint --------------------------------------------------
@@ -490,12 +505,12 @@ class Trainer:
     tqdm.tqdm.write(f"warm start: policy params from {path}")
 
   def evaluate(self, when: str) -> dict:
-    """`cfg.eval_episodes` episodes (per task on a multi-task env) of the current policy, one per env,
+    """`run_spec.outputs.eval_episodes` episodes (per task on a multi-task env) of the current policy, one per env,
     on held-out env seeds, with the run's own env options; printed and returned."""
     from ebrl.evaluation import HELD_OUT_SEED, RunEnv, make_runner  # pylint: disable=g-import-not-at-top
-    cfg = self.cfg
-    n = cfg.eval_episodes * max(1, len(self.tracker.tasks))
-    result = make_runner(cfg.env.name, n, HELD_OUT_SEED + cfg.seed, RunEnv.of_run(cfg)).run(
+    run_spec = self.run_spec
+    n = run_spec.outputs.eval_episodes * max(1, len(self.tracker.tasks))
+    result = make_runner(run_spec.env.name, n, HELD_OUT_SEED + run_spec.seed, RunEnv.of_spec(run_spec)).run(
         self.policy, jax.device_get(self.state.params))
     rate = result.get("success_rate")
     tqdm.tqdm.write(f"{when} evaluation ({n} episodes): success {'n/a' if rate is None else f'{rate:.2f}'}, "
@@ -557,20 +572,20 @@ class Trainer:
     sr = self.tracker.success_rate
     if math.isfinite(sr):
       self.best_success_rate = sr if not math.isfinite(self.best_success_rate) else max(self.best_success_rate, sr)
-      if (self.time_to_success_s is None and self.tracker.window_full and sr >= self.cfg.target_success):
+      if (self.time_to_success_s is None and self.tracker.window_full and sr >= self.run_spec.outputs.target_success):
         self.time_to_success_s = self.wall_s()  # A window restored at the target (resume).
         self.env_steps_to_success = self.env_steps
     if self.tracker.tasks:
       self.best_success_by_task = _best_by_task(self.best_success_by_task, self.tracker.success_rate_by_task)
     self._last_metrics = metrics
-    if now - self._last_log[0] >= self.cfg.log_every_s:
+    if now - self._last_log[0] >= self.run_spec.outputs.log_every_s:
       self.log(metrics)
-    if now - self._last_ckpt >= self.cfg.checkpoint_every_s:
+    if now - self._last_ckpt >= self.run_spec.outputs.checkpoint_every_s:
       self.checkpoint()
     # tqdm shows env steps/s itself (smoothed) and redraws at most once a second.
     self.bar.set_postfix_str(f"success {sr:.2f}" if math.isfinite(sr)
                              else f"return {self.tracker.episode_return:.1f}", refresh=False)
-    self.bar.update(min(self.env_steps, self.cfg.total_env_steps) - self.bar.n)
+    self.bar.update(min(self.env_steps, self.run_spec.total_env_steps) - self.bar.n)
 
   def mark(self, mark: Mark, t: float) -> None:
     """A tuner's action at time.time() `t`: on the trace's timeline and the controller plot."""
@@ -606,7 +621,7 @@ class Trainer:
         "time_train_s": stages["train"],
         "time_other_s": max(0.0, elapsed - sum(stages.values())),
         "nan_resets": self.envs.nan_resets,
-        **({"sim_steps": self.sim_steps()} if self.cfg.policy.chunk_size > 1 else {}),
+        **({"sim_steps": self.sim_steps()} if self.run_spec.policy.chunk_size > 1 else {}),
         **metrics,
         **(self.resources.metrics() if self.resources is not None else {}),
         **(self.overlap.metrics() if self.overlap is not None else {}),
@@ -645,11 +660,11 @@ class Trainer:
     self._release(raise_errors=True)  # The checkpointer waits for its writes here.
     elapsed = time.time() - self.start_time
     stages = self.clock.snapshot()
-    final_eval = self.evaluate("final") if self.cfg.eval_episodes > 0 else None  # Not in the run's rates.
+    final_eval = self.evaluate("final") if self.run_spec.outputs.eval_episodes > 0 else None  # Not in the run's rates.
     summary = {
-        "env": self.cfg.env.name,
-        "policy": self.cfg.policy.name,
-        "scheduler": self.cfg.scheduler,
+        "env": self.run_spec.env.name,
+        "policy": self.run_spec.policy.name,
+        "scheduler": self.run_spec.scheduler,
         "env_steps": self.env_steps,
         "wall_s": self.wall_s(),
         "env_steps_per_s": (self.env_steps - self.start_env_steps) / max(elapsed, 1e-9),
@@ -659,7 +674,7 @@ class Trainer:
             "best_success_rate_by_task": dict(self.best_success_by_task)} if self.tracker.tasks else {}),
         "time_to_success_s": self.time_to_success_s,
         "env_steps_to_success": self.env_steps_to_success,
-        "target_success": self.cfg.target_success,
+        "target_success": self.run_spec.outputs.target_success,
         "final_episode_return": _finite_or_none(self.tracker.episode_return),
         "episodes": self.tracker.episodes,
         "policy_version": int(self.state.version),
@@ -673,7 +688,7 @@ class Trainer:
         **({"start_eval": self.start_eval, "final_eval": final_eval} if final_eval is not None else {}),
     }
     write_json(os.path.join(self.workdir, "summary.json"), summary)
-    title = f"{self.cfg.env.name} · {self.cfg.policy.name} · {self.cfg.scheduler}"
+    title = f"{self.run_spec.env.name} · {self.run_spec.policy.name} · {self.run_spec.scheduler}"
     rows = read_jsonl(os.path.join(self.workdir, "metrics.jsonl"))
     plots.learning_curve(rows, os.path.join(self.workdir, "plots", "learning_curve.png"), title)
     if self.tracker.tasks:

@@ -1,5 +1,8 @@
-"""Checks a run config before anything is built or compiled.
+"""Checks a run config before anything is built or compiled, and resolves it into a RunSpec.
 
+`resolve(cfg)` is the one way from a config to a run: the config's values are
+checked, translated into typed settings (ebrl/spec.py), and the sizes derived
+from them checked; `check_devices` adds the checks that need the device count.
 Every check raises UserError with one line naming the bad value and what would
 be valid; launchers print it and exit 2.
 """
@@ -10,7 +13,7 @@ import math
 import os
 
 from ebrl.errors import UserError
-from ebrl.layout import RunLayout
+from ebrl.spec import RunSpec, translate
 from sim_adapters.tasks import TaskListError, is_multitask, multitask_tasks
 
 SCHEDULERS = ("sync", "pipelined", "ebrl", "random")
@@ -53,17 +56,27 @@ def _integer_at_least(name: str, value, low: int, note: str = "") -> None:
     raise UserError(f"{name}={value!r} must be an integer >= {low}{note}")
 
 
-def validate(cfg, num_devices: int | None) -> None:
-  """Raises UserError for the first problem found in cfg. With `num_devices` None (before JAX's
-  backend may start: an MPS daemon must come first) the checks that need the device count wait
-  for the call with it."""
+def resolve(cfg) -> RunSpec:
+  """The run `cfg` (a ConfigDict as ebrl/defaults.py builds it) asks for, checked and typed; UserError
+  (one line naming the first bad value) otherwise. The checks that need the device count are
+  `check_devices`': an MPS daemon must start before JAX counts devices."""
+  validate(cfg)
+  spec = translate(cfg)
+  check_layout(spec)
+  return spec
+
+
+def validate(cfg) -> None:
+  """Raises UserError for the first problem found in cfg's values (`resolve` runs it
+  first; `check_layout` then checks the sizes derived from them, and `check_devices` those that
+  need the device count, which waits until an MPS daemon, if any, has started)."""
   from policies import POLICY_NAMES
   from sim_adapters import UnknownEnvError, check_env_name, is_device_env
 
   if cfg.scheduler not in SCHEDULERS:
     raise UserError(f"unknown scheduler '{cfg.scheduler}'; valid: {', '.join(SCHEDULERS)}")
   device = is_device_env(cfg.env.name)
-  tasks = _task_list(cfg.env.name)
+  _task_list(cfg.env.name)
   if device and cfg.scheduler not in DEVICE_SCHEDULERS:
     raise UserError(f"scheduler '{cfg.scheduler}' cannot drive device env '{cfg.env.name}'; "
                     f"valid: {', '.join(DEVICE_SCHEDULERS)}")
@@ -96,61 +109,22 @@ def validate(cfg, num_devices: int | None) -> None:
       raise UserError(f"algorithm.{name}={cfg.algorithm[name]!r} must be in [0, 1]")
   if not 0.0 < cfg.target_success <= 1.0:
     raise UserError(f"target_success={cfg.target_success!r} must be in (0, 1]")
-  from ebrl.resources import devices as devices_lib  # pylint: disable=g-import-not-at-top
-
-  if num_devices is None:
-    train_devices = sim_devices = 1  # Divides everything: the checks below that need more wait.
-  else:
-    placement = devices_lib.resolve(cfg.devices, num_devices, device)
-    train_devices, sim_devices = len(placement.train), len(placement.sim)
-  if cfg.num_envs % train_devices:
-    raise UserError(f"num_envs={cfg.num_envs} must be divisible by the {train_devices} devices of the learner mesh")
-  if device and cfg.scheduler != "ebrl" and cfg.num_envs % sim_devices:
-    raise UserError(f"num_envs={cfg.num_envs} must be divisible by the {sim_devices} devices of the sim mesh")
   batch = cfg.num_envs * cfg.rollout_length
   if batch % cfg.algorithm.num_minibatches:
     raise UserError(f"algorithm.num_minibatches={cfg.algorithm.num_minibatches} must divide "
                     f"num_envs * rollout_length = {batch}")
-  key = {"ebrl": "ebrl.num_groups", "pipelined": "pipelined.num_partitions"}.get(cfg.scheduler)
   if cfg.scheduler == "ebrl" and (not isinstance(cfg.ebrl.num_groups, int) or cfg.ebrl.num_groups < 0):
     raise UserError(f"ebrl.num_groups={cfg.ebrl.num_groups!r} must be an integer >= 0 (0 = auto)")
   if cfg.scheduler == "ebrl":  # Every size the layout derives from must be a count first.
     for name in ("max_gen_batch", "segments_per_update", "recv_batch"):
       _integer_at_least(f"ebrl.{name}", cfg.ebrl[name], 0, " (0 = auto)")
+    if not isinstance(cfg.ebrl.max_staleness, int) or cfg.ebrl.max_staleness < 0:
+      raise UserError(f"ebrl.max_staleness={cfg.ebrl.max_staleness!r} must be an integer >= 0")
+    _non_negative("ebrl.max_wait_ms", cfg.ebrl.max_wait_ms)
   if cfg.scheduler == "pipelined":
     _integer_at_least("pipelined.num_partitions", cfg.pipelined.num_partitions, 1)
   _check_chunks(cfg, device)
   _integer_at_least("env.num_threads", cfg.env.num_threads, 0, " (0 = one per usable core)")
-  layout = RunLayout.from_config(cfg, device_env=device)
-  groups = layout.num_groups
-  if key:
-    _positive(key, groups)
-    if cfg.num_envs % groups:
-      raise UserError(f"{key}={groups} must divide num_envs={cfg.num_envs}")
-  if tasks is not None and cfg.num_envs < len(tasks) * groups:
-    raise UserError(f"num_envs={cfg.num_envs} is too few for {cfg.env.name}: it needs at least one env per task"
-                    f"{' in each group' if groups > 1 else ''}, so at least {len(tasks) * groups}")
-  if cfg.scheduler == "ebrl":
-    e = cfg.ebrl
-    if not isinstance(e.max_staleness, int) or e.max_staleness < 0:
-      raise UserError(f"ebrl.max_staleness={e.max_staleness!r} must be an integer >= 0")
-    per_group = layout.envs_per_group
-    if e.recv_batch < 0 or e.recv_batch > per_group:
-      raise UserError(f"ebrl.recv_batch={e.recv_batch} must be in [0, {per_group}] (envs per group; 0 = auto, "
-                      f"{per_group} = every env of a group steps together)")
-    _non_negative("ebrl.max_wait_ms", e.max_wait_ms)
-    segments = layout.segments_per_update
-    if (segments * cfg.rollout_length) % cfg.algorithm.num_minibatches:
-      raise UserError(f"algorithm.num_minibatches={cfg.algorithm.num_minibatches} must divide "
-                      f"ebrl.segments_per_update * rollout_length = {segments * cfg.rollout_length}")
-    if segments % train_devices:
-      raise UserError(f"ebrl.segments_per_update={segments} must be divisible by the {train_devices} learner devices")
-    if device and segments % per_group:  # A device group collects all its envs at once.
-      raise UserError(f"ebrl.segments_per_update={segments} must be a multiple of the {per_group} envs per group "
-                      f"(num_envs / ebrl.num_groups) for device env '{cfg.env.name}'")
-    if device and per_group % sim_devices:
-      raise UserError(f"num_envs / ebrl.num_groups = {per_group} envs per group must be divisible by the "
-                      f"{sim_devices} devices of the sim mesh")
   _check_run(cfg)
   _check_env(cfg)
   _check_resources(cfg, device)
@@ -166,6 +140,56 @@ def validate(cfg, num_devices: int | None) -> None:
     check_env_name(cfg.env.name)
   except UnknownEnvError as e:
     raise UserError(str(e)) from None
+
+
+def check_layout(spec: RunSpec) -> None:
+  """The sizes `spec.layout` derived: groups that divide the envs, enough envs per task, and
+  segments that split into minibatches (UserError, one line)."""
+  layout = spec.layout
+  groups = layout.num_groups
+  key = {"ebrl": "ebrl.num_groups", "pipelined": "pipelined.num_partitions"}.get(spec.scheduler)
+  if key:
+    _positive(key, groups)
+    if spec.num_envs % groups:
+      raise UserError(f"{key}={groups} must divide num_envs={spec.num_envs}")
+  if spec.tasks is not None and spec.num_envs < len(spec.tasks) * groups:
+    raise UserError(f"num_envs={spec.num_envs} is too few for {spec.env.name}: it needs at least one env per task"
+                    f"{' in each group' if groups > 1 else ''}, so at least {len(spec.tasks) * groups}")
+  if spec.async_ is not None:
+    per_group = layout.envs_per_group
+    recv = spec.async_.recv_batch
+    if recv > per_group:
+      raise UserError(f"ebrl.recv_batch={recv} must be in [0, {per_group}] (envs per group; 0 = auto, "
+                      f"{per_group} = every env of a group steps together)")
+    segments = layout.segments_per_update
+    minibatches = spec.algorithm.num_minibatches
+    if (segments * spec.rollout_length) % minibatches:
+      raise UserError(f"algorithm.num_minibatches={minibatches} must divide "
+                      f"ebrl.segments_per_update * rollout_length = {segments * spec.rollout_length}")
+    if spec.device_env and segments % per_group:  # A device group collects all its envs at once.
+      raise UserError(f"ebrl.segments_per_update={segments} must be a multiple of the {per_group} envs per group "
+                      f"(num_envs / ebrl.num_groups) for device env '{spec.env.name}'")
+
+
+def check_devices(spec: RunSpec, num_devices: int):
+  """The stages' local devices (config.devices on `num_devices`), after checking that the sizes
+  split over them; UserError (one line) otherwise. Returns the DevicePlacement."""
+  from ebrl.resources import devices as devices_lib  # pylint: disable=g-import-not-at-top
+
+  placement = devices_lib.resolve(spec.devices, num_devices, spec.device_env)
+  train_devices, sim_devices = len(placement.train), len(placement.sim)
+  if spec.num_envs % train_devices:
+    raise UserError(f"num_envs={spec.num_envs} must be divisible by the {train_devices} devices of the learner mesh")
+  if spec.device_env and spec.async_ is None and spec.num_envs % sim_devices:
+    raise UserError(f"num_envs={spec.num_envs} must be divisible by the {sim_devices} devices of the sim mesh")
+  if spec.async_ is not None:
+    segments, per_group = spec.layout.segments_per_update, spec.layout.envs_per_group
+    if segments % train_devices:
+      raise UserError(f"ebrl.segments_per_update={segments} must be divisible by the {train_devices} learner devices")
+    if spec.device_env and per_group % sim_devices:
+      raise UserError(f"num_envs / ebrl.num_groups = {per_group} envs per group must be divisible by the "
+                      f"{sim_devices} devices of the sim mesh")
+  return placement
 
 
 def _task_list(name: str) -> tuple[str, ...] | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Mapping
 
 from ebrl.errors import UserError
 
@@ -41,9 +42,9 @@ def _flat(d: dict, prefix: str = "") -> dict:
   return out
 
 
-def config_differences(saved: dict, cfg) -> list[str]:
+def config_differences(saved: Mapping, config: Mapping) -> list[str]:
   """'key: saved -> now' for every key both configs have that a resume may not change."""
-  now = _flat(json.loads(cfg.to_json_best_effort()))
+  now = _flat(config)
   saved = _flat(saved)
   resumable = lambda k: any(k == r or (r.endswith(".") and k.startswith(r)) for r in RESUMABLE_KEYS)
   return [f"{k}: {saved[k]!r} -> {now[k]!r}" for k in sorted(saved.keys() & now.keys())
@@ -62,12 +63,13 @@ def check_writable(path: str, flag: str = "workdir") -> None:
     raise UserError(f"{flag} '{path}' is not writable ({e.strerror}); pass --{flag}=<a writable directory>") from None
 
 
-def prepare(path: str, cfg) -> None:
-  """Creates the workdir, proves it writable, and refuses a used one unless this is its resume."""
+def prepare(path: str, config: Mapping, resume: bool) -> None:
+  """Creates the workdir, proves it writable, and refuses a used one unless this is its `resume`
+  with the same `config` (a run's, as plain data: RunSpec.config) but for the keys a resume may change."""
   check_writable(path)
   if not holds_run(path):
     return
-  if not cfg.resume:
+  if not resume:
     raise UserError(f"workdir '{path}' already holds a run; pass --config.resume=True to continue it, "
                     "or another --workdir for a new run")
   saved_path = os.path.join(path, CONFIG_FILE)
@@ -78,17 +80,17 @@ def prepare(path: str, cfg) -> None:
       saved = json.load(f)
   except (OSError, ValueError) as e:
     raise UserError(f"cannot read {saved_path} to check the resumed config ({e})") from None
-  diff = config_differences(saved, cfg)
+  diff = config_differences(saved, config)
   if diff:
     raise UserError(f"--config.resume=True with a config that differs from the run in '{path}': "
                     f"{'; '.join(diff)}; resume with the run's own config or start a new --workdir")
 
 
-def write_config(path: str, cfg) -> None:
-  """config.json, written atomically (a crash never leaves half of it)."""
+def write_config(path: str, config: Mapping) -> None:
+  """config.json (a run's config as plain data), written atomically (a crash never leaves half of it)."""
   target = os.path.join(path, CONFIG_FILE)
   with open(target + ".tmp", "w") as f:
-    f.write(cfg.to_json_best_effort(indent=2))
+    json.dump(config, f, indent=2)
   os.replace(target + ".tmp", target)
 
 

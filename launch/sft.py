@@ -61,13 +61,16 @@ def main(argv: list[str]) -> None:
   from ebrl import validation  # pylint: disable=g-import-not-at-top
   from ebrl.sft import SFTConfig, SFTRun, pretrain  # pylint: disable=g-import-not-at-top
 
-  validation.validate(cfg, jax.local_device_count())
+  from ebrl.validation import resolve  # pylint: disable=g-import-not-at-top
+
+  run_spec = resolve(cfg)
+  validation.check_devices(run_spec, jax.local_device_count())
   frozen = () if _TRAIN_LOG_STD.value else ("log_std",)
   run = SFTRun(demos=_DEMOS.value, out=_OUT.value, eval_episodes=_EVAL_EPISODES.value, eval_seed=_EVAL_SEED.value,
                progress=_PROGRESS.value,
                train=SFTConfig(steps=_STEPS.value, batch_size=_BATCH.value, learning_rate=_LR.value,
                                eval_every=_EVAL_EVERY.value, frozen=frozen))
-  _, meta = pretrain(cfg, run)
+  _, meta = pretrain(run_spec, run)
   print(f"sft {meta['policy']} on {meta['env']}: {meta['loss']} {meta['loss_first']:.4f} -> {meta['loss_last']:.4f} "
         f"({meta['demo_steps']} demo steps, {meta['steps']} steps)", flush=True)
   for ev in meta["held_out"]:

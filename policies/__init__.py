@@ -22,8 +22,9 @@ def instructions_for(spec: EnvSpec) -> list[str] | None:
 
 
 def make_policy(name: str, spec: EnvSpec, cfg) -> Policy:
-  """Builds policy `name` for env `spec`; cfg is the config's `policy` section."""
-  k = int(cfg.get("chunk_size", 1))
+  """Builds policy `name` for env `spec`; `cfg` has the policy settings it reads as attributes (a
+  run's ebrl.spec.PolicySettings; the chunk size defaults to 1)."""
+  k = int(getattr(cfg, "chunk_size", 1))
   if name == "mlp":
     from policies.mlp import MLPPolicy
     return MLPPolicy(spec, hidden=tuple(cfg.hidden), init_log_std=float(cfg.init_log_std))

@@ -139,13 +139,13 @@ def test_metaworld_chunks_through_envpool(make):
 
 
 def test_learner_discount_per_chunk():
-  from ebrl.layout import RunLayout
+  from ebrl.validation import resolve
   from launch.configs import default
   cfg = default.get_config()
   cfg.algorithm.gamma, cfg.policy.chunk_size = 0.9, 3
-  assert RunLayout.from_config(cfg).gamma == pytest.approx(0.9)  # reward_type=chunk: a chunk is one step.
+  assert resolve(cfg).layout.gamma == pytest.approx(0.9)  # reward_type=chunk: a chunk is one step.
   cfg.env.reward_type = "action"
-  assert RunLayout.from_config(cfg).gamma == pytest.approx(0.9 ** 3)  # Rewards discounted inside: K actions per chunk.
+  assert resolve(cfg).layout.gamma == pytest.approx(0.9 ** 3)  # Rewards discounted inside: K actions per chunk.
 
 
 def test_a_chunk_cut_short_is_discounted_by_the_actions_it_took():

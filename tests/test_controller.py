@@ -14,6 +14,7 @@ from ebrl.resources.controller import CPU, Controller, Decision, Telemetry
 from ebrl.resources.inventory import take_inventory
 from ebrl.resources.manager import ResourceManager, attribute_cpu_change
 from ebrl.resources.planner import stage_costs
+from ebrl.spec import translate
 from launch.configs import default
 from test_planner import synthetic
 from ebrl.resources.plan import Plan
@@ -243,7 +244,7 @@ def test_manager_replan_adds_the_cpu_change_to_sim_and_plans_with_the_measured_t
   cfg.env.name, cfg.num_envs, cfg.scheduler, cfg.resources = "MetaWorld/Reach-v3", 64, "ebrl", "auto"
   cfg.quotas.profile = str(path)
   inv = dataclasses.replace(take_inventory(), cpu_cores=(0, 1))
-  mgr = ResourceManager(cfg, log=lambda s: None, inventory=inv)
+  mgr = ResourceManager(translate(cfg), log=lambda s: None, inventory=inv)
   modelled = sum(stage_costs(mgr.profile, mgr.plan.num_groups, mgr.plan.recv_batch).values())
   bound0 = mgr.bound["cpu_us_per_step"]
   mgr.controller.reference = {"sim": 20.0, "gen": 5.0, "train": 5.0, "cpu": modelled + 30.0}

@@ -71,13 +71,14 @@ def test_settings_that_cannot_be_met_are_one_line_errors(setting, num_devices, d
 def test_validation_checks_divisibility_by_the_training_devices():
   from ebrl import validation  # pylint: disable=g-import-not-at-top
   from ebrl.defaults import get_config
+  from ebrl.validation import resolve
 
   cfg = get_config()
   cfg.num_envs, cfg.devices.gen, cfg.devices.train = 10, "1", "3"
   with pytest.raises(UserError, match="num_envs=10 must be divisible by the 3 devices of the learner mesh"):
-    validation.validate(cfg, 4)
+    validation.check_devices(resolve(cfg), 4)
   cfg.num_envs = 12
-  validation.validate(cfg, 4)
+  assert validation.check_devices(resolve(cfg), 4).train == (1, 2, 3)
 
 
 def test_every_split_gives_the_same_actions_and_update(tmp_path):

@@ -90,14 +90,14 @@ def test_run_env_reads_the_run_config():
   cfg.policy.chunk_size, cfg.env.reward_type, cfg.algorithm.gamma = 4, "action", 0.9
   cfg.env.max_episode_steps = 77
   saved = ml_collections.ConfigDict(json.loads(cfg.to_json()))  # As launch.eval reads config.json.
-  assert evaluation.RunEnv.of_run(saved).adapter_kwargs() == dict(
+  assert evaluation.RunEnv.of_spec(evaluation.saved_run(saved)).adapter_kwargs() == dict(
       max_episode_steps=77, from_pixels=True, render_size=48, render_stage=True, chunk_size=4,
       reward_type="action", gamma=0.9)
 
 
 def test_run_env_of_an_older_config_is_a_plain_state_run():
   old = ml_collections.ConfigDict({"env": {"name": "MetaWorld/Reach-v3"}, "policy": {"name": "mlp"}})
-  assert evaluation.RunEnv.of_run(old) == evaluation.RunEnv()
+  assert evaluation.RunEnv.of_spec(evaluation.saved_run(old)) == evaluation.RunEnv()
 
 
 @pytest.mark.parametrize("run_env, named", [

@@ -394,13 +394,14 @@ def test_vla_large_preset_is_a_valid_run_of_the_documented_size():
   times the default's parameters), on MT10 with its instructions."""
   import importlib.util  # pylint: disable=g-import-not-at-top
   from ebrl import defaults, validation  # pylint: disable=g-import-not-at-top
+  from ebrl.validation import resolve  # pylint: disable=g-import-not-at-top
   from policies import make_policy  # pylint: disable=g-import-not-at-top
   from sim_adapters import make_adapter  # pylint: disable=g-import-not-at-top
   spec = importlib.util.spec_from_file_location("vla_large", os.path.join(ROOT, "launch", "configs", "vla_large.py"))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   cfg = module.get_config()
-  validation.validate(cfg, num_devices=1)
+  validation.check_devices(resolve(cfg), 1)
   assert (cfg.env.name, cfg.policy.name, cfg.policy.width, cfg.policy.depth) == ("MetaWorld/MT10", "vla", 256, 4)
   adapter = make_adapter(cfg.env.name, cfg.num_envs, seed=0, chunk_size=cfg.policy.chunk_size)
   env_spec = adapter.spec

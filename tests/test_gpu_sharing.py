@@ -7,6 +7,7 @@ import pytest
 
 from ebrl.resources import gpu_sharing
 from ebrl.resources.inventory import GpuInfo, MpsStatus
+from ebrl.spec import translate
 from launch.configs import default
 
 
@@ -32,7 +33,7 @@ class FakeDaemon:
 def _cfg(placement="processes", scheduler="ebrl", env="MetaWorld/Reach-v3"):
   cfg = default.get_config()
   cfg.scheduler, cfg.placement, cfg.env.name = scheduler, placement, env
-  return cfg
+  return translate(cfg)
 
 
 def _gpu():

@@ -126,6 +126,8 @@ def test_no_import_cycle():
 
 @pytest.mark.parametrize("low,high", [
     ("ebrl.layout", "ebrl.validation"),
+    ("ebrl.spec", "ebrl.validation"),
+    ("ebrl.spec", "ebrl.resources.manager"),
     ("ebrl.layout", "ebrl.resources.manager"),
     ("ebrl.resources.profiler", "ebrl.trainer"),
     ("ebrl.scheduler.sync", "ebrl.trainer"),

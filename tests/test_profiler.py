@@ -9,6 +9,7 @@ import pytest
 
 from ebrl.resources import profiler
 from ebrl.resources.inventory import take_inventory
+from ebrl.spec import translate
 from launch.configs import default
 
 
@@ -27,8 +28,8 @@ def test_calibration_runs_in_a_child_and_is_cached(tmp_path, monkeypatch):
   monkeypatch.setenv("EBRL_PROFILE_CACHE", str(tmp_path))
   cfg, inv, said = _tiny(), take_inventory(), []
   pipe = str(tmp_path / "mps-pipe")
-  p = profiler.load_or_measure(cfg, inv, log=said.append, seconds=0.05, mps_pipe_dir=pipe)
-  assert p.fingerprint == inv.fingerprint() and p.shape == profiler.run_shape(cfg)
+  p = profiler.load_or_measure(translate(cfg), inv, log=said.append, seconds=0.05, mps_pipe_dir=pipe)
+  assert p.fingerprint == inv.fingerprint() and p.shape == profiler.run_shape(translate(cfg))
   assert {q["batch"] for q in p.sim} >= {4} and all(q["env_steps_per_s"] > 0 for q in p.sim)
   assert {q["batch"] for q in p.gen} == {1, 2, 4} and all(q["wall_us"] > 0 for q in p.gen)
   assert p.train[0]["samples"] == 4 * 8 and p.train[0]["wall_s"] > 0
@@ -37,16 +38,17 @@ def test_calibration_runs_in_a_child_and_is_cached(tmp_path, monkeypatch):
   assert all(q["update_s"] > 0 and q["gen_us"] > 0 for q in p.sm_shares)
   assert p.at_learner_share(p.sm_shares[0]).train_rate() > 0
   assert any("separate process" in s for s in said)
-  again = profiler.load_or_measure(cfg, inv, log=said.append, mps_pipe_dir=pipe)  # Same machine and shapes.
+  again = profiler.load_or_measure(translate(cfg), inv, log=said.append, mps_pipe_dir=pipe)  # Same machine and shapes.
   assert again == p and said[-1].startswith("[profile] reusing")
-  assert profiler.load_or_measure(cfg, inv, log=said.append) == p  # Shares measured serve a run without MPS too.
+  # Shares measured serve a run without MPS too.
+  assert profiler.load_or_measure(translate(cfg), inv, log=said.append) == p
 
 
 def test_a_failed_calibration_says_so(tmp_path, monkeypatch):
   monkeypatch.setenv("EBRL_PROFILE_CACHE", str(tmp_path))
   cfg = _tiny(env="MetaWorld/NoSuchTask-v3")
   with pytest.raises(RuntimeError, match="calibration process failed"):
-    profiler.load_or_measure(cfg, take_inventory(), log=lambda s: None, seconds=0.05)
+    profiler.load_or_measure(translate(cfg), take_inventory(), log=lambda s: None, seconds=0.05)
 
 
 @pytest.mark.egl
@@ -56,11 +58,11 @@ def test_render_stage_is_profiled_as_its_own_stage():
   cfg = _tiny()
   cfg.env.from_pixels, cfg.env.render_stage, cfg.env.render_size = True, True, 32
   cores = tuple(sorted(os.sched_getaffinity(0)))
-  draws = profiler.measure_render(cfg, cores, [1, 4], seconds=0.2)
+  draws = profiler.measure_render(translate(cfg), cores, [1, 4], seconds=0.2)
   one, four = draws
   assert (one["batch"], four["batch"]) == (1, 4)
   assert four["wall_us"] > 2 * one["wall_us"] > 0 and four["cpu_us"] > 2 * one["cpu_us"] > 0
-  sim = profiler.measure_sim(cfg, cores, len(cores), None, seconds=0.2)
+  sim = profiler.measure_sim(translate(cfg), cores, len(cores), None, seconds=0.2)
   assert sim["cpu_us_per_step"] < one["cpu_us"] / 5  # Physics alone: far cheaper than a frame.
 
 
@@ -86,11 +88,12 @@ def test_a_failing_timed_update_is_an_error_not_zero_seconds():
 UNGUARDED = """
 print("MAIN RAN", flush=True)
 from ebrl.resources import profiler
+from ebrl.spec import translate
 from launch.configs import default
 cfg = default.get_config()
 cfg.env.name = "MetaWorld/NoSuchTask-v3"
 try:
-  profiler.measure_in_subprocess(cfg, log=lambda s: None, seconds=0.05)
+  profiler.measure_in_subprocess(translate(cfg), log=lambda s: None, seconds=0.05)
 except RuntimeError as e:
   print("CALIBRATION", str(e).split(";")[0], flush=True)
 """
@@ -118,7 +121,7 @@ def test_a_flow_policy_with_chunks_is_profiled_with_its_own_action_width():
   can plan a flow run (the synthetic batch once had the env's width and the update refused it)."""
   cfg = _tiny()
   cfg.policy.name, cfg.policy.chunk_size, cfg.env.reward_type = "flow", 2, "action"
-  p = profiler.measure(cfg, take_inventory(), seconds=0.05, log=lambda m: None)
+  p = profiler.measure(translate(cfg), take_inventory(), seconds=0.05, log=lambda m: None)
   assert p.train[0]["samples"] == 4 * 8 and p.train[0]["wall_s"] > 0
   assert p.placement is not None and p.placement["processes_us"] > 0
 
@@ -128,7 +131,7 @@ def test_a_cached_profile_is_reused_only_for_the_same_policy_settings():
   cost: each is a shape of its own, and a shape survives the cache's JSON round trip."""
   base = _tiny()
   base.policy.name, base.policy.chunk_size = "vla", 4
-  shape = profiler.run_shape(base)
+  shape = profiler.run_shape(translate(base))
   assert json.loads(json.dumps(shape)) == shape
   for field, value in (("policy.decode", "autoregressive"), ("policy.width", 256), ("policy.depth", 4),
                        ("algorithm.ratio_level", "token"), ("algorithm.ref_kl_coef", 0.1)):
@@ -136,4 +139,4 @@ def test_a_cached_profile_is_reused_only_for_the_same_policy_settings():
     cfg.policy.name, cfg.policy.chunk_size = "vla", 4
     section, key = field.split(".")
     cfg[section][key] = value
-    assert profiler.run_shape(cfg) != shape, field
+    assert profiler.run_shape(translate(cfg)) != shape, field

@@ -152,7 +152,7 @@ def test_used_workdir_on_the_command_line_is_one_line(finished):
 def _first_obs(trainer) -> np.ndarray:
   from sim_adapters.base import gather_all  # pylint: disable=g-import-not-at-top
   trainer.host_envs[0].reset()
-  obs = gather_all(trainer.host_envs[0], trainer.cfg.num_envs).obs["state"]
+  obs = gather_all(trainer.host_envs[0], trainer.run_spec.num_envs).obs["state"]
   trainer.envs.close()
   return obs
 

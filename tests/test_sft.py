@@ -18,6 +18,7 @@ from ebrl.demos import format as fmt
 from ebrl.sft import data as data_lib
 from ebrl.sft import losses
 from ebrl.sft.train import SFTConfig, train
+from ebrl.validation import resolve
 from sim_adapters.base import EnvSpec, ObsSpec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -327,7 +328,7 @@ def test_pretrained_params_warm_start_rl_bit_identically(reach_demos, tmp_path):
   cfg = tiny_cfg()
   run = SFTRun(demos=str(reach_demos), out=str(tmp_path / "sft"), eval_episodes=2, progress=False,
                train=SFTConfig(steps=30, batch_size=16, learning_rate=3e-3, eval_every=15, log_every=10))
-  params, meta = pretrain(cfg, run)
+  params, meta = pretrain(resolve(cfg), run)
   assert meta["loss_last"] < meta["loss_first"] and [e["step"] for e in meta["held_out"]] == [15, 30]
   assert meta["held_out"][-1]["episodes"] == 2 and 0.0 <= meta["final_success_rate"] <= 1.0
   assert float(params["obs_norm"].count) == open_demos(str(reach_demos)).num_steps

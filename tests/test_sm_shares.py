@@ -12,6 +12,7 @@ import pytest
 from ebrl.resources import planner, profiler
 from ebrl.resources.inventory import take_inventory
 from ebrl.resources.manager import ResourceManager
+from ebrl.spec import translate
 from launch.configs import default
 from test_planner import synthetic
 
@@ -79,7 +80,7 @@ def _manager(tmp_path, prof: profiler.Profile, **quotas) -> ResourceManager:
   cfg.quotas.profile = str(path)
   cfg.quotas.update(quotas)
   inv = dataclasses.replace(take_inventory(), cpu_cores=(0, 1))
-  return ResourceManager(cfg, log=lambda s: None, inventory=inv)
+  return ResourceManager(translate(cfg), log=lambda s: None, inventory=inv)
 
 
 def test_the_plan_carries_the_share_its_model_predicts_fastest_and_a_demand_shift_moves_it(tmp_path):
@@ -110,11 +111,11 @@ def test_a_cached_profile_without_shares_is_measured_again_once_mps_runs(tmp_pat
   inv = take_inventory()
   monkeypatch.setenv("EBRL_PROFILE_CACHE", str(tmp_path))
   cached = synthetic(n=64)
-  cached.fingerprint, cached.shape = inv.fingerprint(), profiler.run_shape(cfg)
-  profiler.save(cached, profiler.cache_path(cfg, inv))
+  cached.fingerprint, cached.shape = inv.fingerprint(), profiler.run_shape(translate(cfg))
+  profiler.save(cached, profiler.cache_path(translate(cfg), inv))
   measured = []
   monkeypatch.setattr(profiler, "measure_in_subprocess", lambda cfg, log=print, **kw: measured.append(kw) or cached)
-  profiler.load_or_measure(cfg, inv, log=lambda s: None)
+  profiler.load_or_measure(translate(cfg), inv, log=lambda s: None)
   assert measured == []  # No MPS: the cached profile serves.
-  profiler.load_or_measure(cfg, inv, log=lambda s: None, mps_pipe_dir="/tmp/mps-pipe")
+  profiler.load_or_measure(translate(cfg), inv, log=lambda s: None, mps_pipe_dir="/tmp/mps-pipe")
   assert measured == [{"mps_pipe_dir": "/tmp/mps-pipe"}]

@@ -31,10 +31,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable, Mapping, MutableMapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, MutableMapping
 
 from ebrl.resources import inventory as inventory_lib
 from ebrl.resources import mps
+
+if TYPE_CHECKING:
+  from ebrl.spec import RunSpec
 
 GEN_MEM_FRACTION = 0.4  # This process's share of GPU memory with a learner process beside it.
 LEARNER_MEM_FRACTION = 0.5
@@ -72,16 +75,13 @@ def current() -> GpuSharing | None:
   return _current
 
 
-def wanted(cfg) -> bool:
+def wanted(run: RunSpec) -> bool:
   """Whether this run puts its learner in a process of its own, so MPS would serve it.
 
   Only placement=processes: with auto the plan is made after JAX has started, and starting MPS
   for a run that may keep one process would cap its memory at GEN_MEM_FRACTION for nothing.
   """
-  from sim_adapters import is_device_env  # pylint: disable=g-import-not-at-top
-
-  return (cfg.scheduler == "ebrl" and cfg.get("placement", "auto") == "processes"
-          and not is_device_env(cfg.env.name))
+  return run.async_ is not None and run.learner_placement == "processes" and not run.device_env
 
 
 def _jax_backend_started() -> bool:
@@ -92,7 +92,7 @@ def _jax_backend_started() -> bool:
     return False
 
 
-def begin(cfg, status: Callable[[], tuple] | None = None, daemon_factory: Callable[[], Any] | None = None,
+def begin(run: RunSpec, status: Callable[[], tuple] | None = None, daemon_factory: Callable[[], Any] | None = None,
           environ: MutableMapping[str, str] = os.environ, backend_started: Callable[[], bool] = _jax_backend_started
           ) -> GpuSharing:
   """For one run, after its config is checked and before JAX's backend starts: an MPS daemon where
@@ -101,7 +101,7 @@ def begin(cfg, status: Callable[[], tuple] | None = None, daemon_factory: Callab
   `status()` returns (gpus, MpsStatus) (default: pynvml and PATH, without JAX).
   """
   global _current, _mps
-  if not wanted(cfg):
+  if not wanted(run):
     _current = GpuSharing("off", "")
     return _current
   if _mps is not None:

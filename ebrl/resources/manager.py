@@ -18,9 +18,8 @@ from __future__ import annotations
 import math
 import os
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from ebrl.layout import RunLayout
 from ebrl.resources import planner, profiler
 from ebrl.resources.controller import CPU, Controller, Telemetry
 from ebrl.resources.enforce import MESA_THREAD_PREFIX, Enforcer, format_cores, parse_cores
@@ -29,16 +28,19 @@ from ebrl.resources.overlap import OverlapSwitch
 from ebrl.resources.plan import STAGES, Plan
 from ebrl.tuning import Knobs, Mark, UpdateReport
 
+if TYPE_CHECKING:
+  from ebrl.spec import RunSpec
 
-def manual_layout(cfg, usable: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+
+def manual_layout(run: RunSpec, usable: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
   """quotas.{sim,gen,train}_cores (and render_cores, optional) parsed; ValueError naming the bad one."""
   layout = {}
-  render = bool(cfg.env.render_stage and cfg.quotas.get("render_cores"))
-  if cfg.quotas.get("render_cores") and not cfg.env.render_stage:
-    raise ValueError(f"quotas.render_cores='{cfg.quotas.render_cores}' places a render stage; "
+  render = bool(run.env.render_stage and run.quotas.render_cores)
+  if run.quotas.render_cores and not run.env.render_stage:
+    raise ValueError(f"quotas.render_cores='{run.quotas.render_cores}' places a render stage; "
                      "this run has none (set env.render_stage=True, or leave render_cores empty)")
   for stage in ("sim", "gen", "train") + (("render",) if render else ()):
-    text = cfg.quotas[f"{stage}_cores"]
+    text = getattr(run.quotas, f"{stage}_cores")
     if not text:
       raise ValueError(f"resources=manual needs quotas.{stage}_cores (a core list like '0-3'); "
                        f"usable cores: {format_cores(usable)}")
@@ -61,28 +63,28 @@ def gpu_note(inv: Inventory) -> str:
 
 class ResourceManager:
 
-  def __init__(self, cfg, log: Callable[[str], None] = print, inventory: Inventory | None = None):
-    self.cfg = cfg
+  def __init__(self, run: RunSpec, log: Callable[[str], None] = print, inventory: Inventory | None = None):
+    self.run = run
     self.log = log
     self.inventory = inventory or take_inventory()
     cores = self.inventory.cpu_cores
-    self.shape = planner.RunShape.from_config(cfg)
+    self.shape = planner.RunShape.of(run)
     # The config's own layout: what naive and manual plans keep (auto chooses its own).
-    base = RunLayout.from_config(cfg)
+    base = run.layout
     groups, recv = base.num_groups, base.recv_batch
     notes = (gpu_note(self.inventory),)
     self.profile: profiler.Profile | None = None
-    if cfg.quotas.profile:
-      self.profile = profiler.load(cfg.quotas.profile)
-    elif cfg.resources == "auto":
-      self.profile = profiler.load_or_measure(cfg, self.inventory, log=log, mps_pipe_dir=_mps_pipe_dir())
-    chosen = None if cfg.get("placement", "auto") == "auto" else cfg.placement  # The user's, else the plan's.
-    if cfg.resources == "auto":
+    if run.quotas.profile:
+      self.profile = profiler.load(run.quotas.profile)
+    elif run.resources == "auto":
+      self.profile = profiler.load_or_measure(run, self.inventory, log=log, mps_pipe_dir=_mps_pipe_dir())
+    chosen = None if run.learner_placement == "auto" else run.learner_placement  # The user's, else the plan's.
+    if run.resources == "auto":
       plan = planner.plan_auto(self.profile, cores, self.shape, notes, placement=chosen)
-    elif cfg.resources == "naive":
+    elif run.resources == "naive":
       plan = planner.plan_naive(self.shape, cores, groups, recv, self.profile)
     else:
-      plan = planner.plan_manual(self.shape, manual_layout(cfg, cores), groups, recv, cfg.quotas.sim_threads,
+      plan = planner.plan_manual(self.shape, manual_layout(run, cores), groups, recv, run.quotas.sim_threads,
                                  self.profile)
     self.plan = self._with_learner_share(plan.replace(notes=notes, placement=chosen or plan.placement), self.profile)
     self.bound = (planner.work_conserving_bound(self.profile, cores, self.shape)
@@ -90,9 +92,9 @@ class ResourceManager:
     self.enforcer = Enforcer(self.plan)
     self.learner_process = None  # A LearnerProcessPlacement that follows each plan (placement=processes).
     self.controller = None
-    if cfg.resources == "auto" and cfg.quotas.control_interval_s > 0:
-      self.controller = Controller(self.plan, self._replan, interval_s=cfg.quotas.control_interval_s,
-                                   cooldown_s=3 * cfg.quotas.control_interval_s, floor_share=1.0)
+    if run.resources == "auto" and run.quotas.control_interval_s > 0:
+      self.controller = Controller(self.plan, self._replan, interval_s=run.quotas.control_interval_s,
+                                   cooldown_s=3 * run.quotas.control_interval_s, floor_share=1.0)
     # Overlap or a barrier, measured on the run (overlap.py), where overlap is allowed at all and
     # the layout is fully batched: its envs step together, so a barrier parks them all at once and
     # the run becomes the sync schedule. Async groups under a barrier park envs a few at a time,
@@ -102,9 +104,9 @@ class ResourceManager:
     # pools and stalls none: every plan of one may be probed.
     # A tuner of its own beside this one (the driver asks both).
     self.overlap = None
-    if OverlapSwitch.allowed(cfg) and (self.shape.multitask or planner.fully_batched(
+    if OverlapSwitch.allowed(run) and (self.shape.multitask or planner.fully_batched(
         self.profile, self.plan.num_groups, self.plan.recv_batch)):
-      self.overlap = OverlapSwitch(cfg.ebrl.max_staleness, cfg.quotas.overlap_probe_s, log, barrier=self.plan.barrier)
+      self.overlap = OverlapSwitch(run.max_staleness, run.quotas.overlap_probe_s, log, barrier=self.plan.barrier)
     self._t0 = time.time()
     self._mesa_threads = 0
     for line in self.describe():
@@ -150,13 +152,13 @@ class ResourceManager:
 
   def _knobs(self, plan: Plan, marks: tuple[Mark, ...] = ()) -> Knobs:
     """The scheduler's knobs of `plan`: its generation batch (unless the user fixed one) and wait."""
-    return Knobs(max_gen_batch=None if self.cfg.ebrl.max_gen_batch else plan.max_gen_batch,
+    return Knobs(max_gen_batch=None if self.run.async_.max_gen_batch else plan.max_gen_batch,
                  max_wait_s=plan.max_wait_ms / 1000.0, marks=marks)
 
   def decide(self, report: UpdateReport) -> Knobs | None:
     """After every update: feeds the controller the run's env steps, its stages' busy seconds and its
     CPU time; a re-plan is enforced here (cores, the learner process) and returned as knobs."""
-    if self.cfg.env.render_stage and not self._mesa_threads:
+    if self.run.env.render_stage and not self._mesa_threads:
       # Mesa's rasterizer threads appear with the first draw (on the render thread, whose cores
       # they inherit); recorded so that a re-plan moves them with it.
       self._mesa_threads = self.enforcer.pin_named("render", MESA_THREAD_PREFIX)
@@ -204,7 +206,7 @@ class ResourceManager:
     """The plan with its learner process's SM share where the profile measured shares under MPS
     (then a re-plan after a demand shift may choose another; the trainer restarts the learner
     process with it). The user's quotas.learner_sm_percent, when set, is never overridden."""
-    if plan.placement != "processes" or profile is None or self.cfg.quotas.learner_sm_percent:
+    if plan.placement != "processes" or profile is None or self.run.quotas.learner_sm_percent:
       return plan
     share = planner.learner_share(profile, self.shape, plan)
     return plan if share is None else plan.replace(learner_sm_percent=share[0])

@@ -42,9 +42,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from ebrl.tuning import Knobs, Mark, UpdateReport
+
+if TYPE_CHECKING:
+  from ebrl.spec import RunSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,9 +139,9 @@ class OverlapSwitch:
   admission change as a knob and each result as a mark for the timeline, and logs it."""
 
   @staticmethod
-  def allowed(cfg) -> bool:
+  def allowed(run: RunSpec) -> bool:
     """resources=auto may probe this run: overlap is allowed at all and probing is not switched off."""
-    return cfg.resources == "auto" and cfg.ebrl.max_staleness >= 1 and cfg.quotas.overlap_probe_s > 0
+    return run.resources == "auto" and run.max_staleness >= 1 and run.quotas.overlap_probe_s > 0
 
   def __init__(self, max_staleness: int, window_s: float, log: Callable[[str], None] = print,
                barrier: bool = False):

@@ -55,13 +55,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
-from ebrl.layout import RunLayout, envs_per_group
+from ebrl.layout import envs_per_group
 from ebrl.resources.overlap import OverlapSwitch
 from ebrl.resources.plan import STAGES, Plan
 from ebrl.resources.profiler import Profile, learner_priority
-from sim_adapters.tasks import multitask_tasks
+
+if TYPE_CHECKING:
+  from ebrl.spec import RunSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,13 +81,13 @@ class RunShape:
   barrier: bool = False  # The barrier plan is a candidate (the run probes overlap against a barrier).
 
   @classmethod
-  def from_config(cls, cfg) -> "RunShape":
-    tasks = multitask_tasks(cfg.env.name)
-    return cls(num_envs=cfg.num_envs, multitask=tasks is not None, num_tasks=len(tasks) if tasks else 1,
-               rollout_length=cfg.rollout_length, segments_per_update=RunLayout.from_config(cfg).segments_per_update,
-               num_minibatches=cfg.algorithm.num_minibatches, max_wait_ms=cfg.ebrl.max_wait_ms,
-               render_stage=bool(cfg.env.render_stage), learner_priority=learner_priority(cfg),
-               barrier=OverlapSwitch.allowed(cfg))
+  def of(cls, run: RunSpec) -> "RunShape":
+    tasks = run.tasks
+    return cls(num_envs=run.num_envs, multitask=tasks is not None, num_tasks=len(tasks) if tasks else 1,
+               rollout_length=run.rollout_length, segments_per_update=run.layout.segments_per_update,
+               num_minibatches=run.algorithm.num_minibatches, max_wait_ms=run.async_.max_wait_ms,
+               render_stage=bool(run.env.render_stage), learner_priority=learner_priority(run),
+               barrier=OverlapSwitch.allowed(run))
 
 
 def fully_batched(profile: Profile, groups: int, recv_batch: int) -> bool:

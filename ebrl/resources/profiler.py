@@ -21,14 +21,15 @@ import hashlib
 import json
 import os
 import time
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
-from ebrl.layout import RunLayout
 from ebrl.resources.inventory import Inventory
 from policies.base import action_size
-from sim_adapters.tasks import multitask_tasks
+
+if TYPE_CHECKING:
+  from ebrl.spec import RunSpec
 
 _WARMUP_S = 0.2
 
@@ -36,29 +37,29 @@ _WARMUP_S = 0.2
 PROFILE_VERSION = 7  # Bumped when what a profile measures changes: older cached files are measured again.
 
 
-def run_shape(cfg) -> dict[str, Any]:
+def run_shape(run: RunSpec) -> dict[str, Any]:
   """The config values a profile depends on (anything else may change freely)."""
-  return {"version": PROFILE_VERSION, "env": cfg.env.name, "num_envs": int(cfg.num_envs),
-          "from_pixels": bool(cfg.env.from_pixels),
-          "render_stage": bool(cfg.env.render_stage), "render_size": int(cfg.env.render_size),
+  return {"version": PROFILE_VERSION, "env": run.env.name, "num_envs": int(run.num_envs),
+          "from_pixels": bool(run.env.from_pixels),
+          "render_stage": bool(run.env.render_stage), "render_size": int(run.env.render_size),
           # Every policy setting: a vla's decoding mode and size, a flow's denoising steps, the chunk
           # change what generation and updates cost as much as the policy's name does.
-          "policy": json.loads(json.dumps(cfg.policy.to_dict())), "rollout_length": int(cfg.rollout_length),
-          "segments_per_update": int(RunLayout.from_config(cfg).segments_per_update),
-          "epochs": int(cfg.algorithm.epochs), "num_minibatches": int(cfg.algorithm.num_minibatches),
-          "correction": cfg.algorithm.correction,
+          "policy": json.loads(json.dumps(dataclasses.asdict(run.policy))), "rollout_length": int(run.rollout_length),
+          "segments_per_update": int(run.layout.segments_per_update),
+          "epochs": int(run.algorithm.epochs), "num_minibatches": int(run.algorithm.num_minibatches),
+          "correction": run.algorithm.correction,
           # Per-token ratios and a reference policy change what an update computes.
-          "ratio_level": str(cfg.algorithm.ratio_level), "reference": float(cfg.algorithm.ref_kl_coef) > 0,
+          "ratio_level": str(run.algorithm.ratio_level), "reference": float(run.algorithm.ref_kl_coef) > 0,
           # What the placement probe's learner process ran at (it slows generation beside it or not).
-          "learner_priority": learner_priority(cfg)}
+          "learner_priority": learner_priority(run)}
 
 
-def learner_priority(cfg) -> str:
+def learner_priority(run: RunSpec) -> str:
   """The learner process's CPU priority this run would get (learner_process.resolve_priority)."""
   import jax  # pylint: disable=g-import-not-at-top
 
   from ebrl.learner_process import resolve_priority  # pylint: disable=g-import-not-at-top
-  return resolve_priority(cfg.quotas.get("learner_priority", "auto"), jax.default_backend())
+  return resolve_priority(run.quotas.learner_priority, jax.default_backend())
 
 
 @dataclasses.dataclass
@@ -296,20 +297,21 @@ def _on_cores(cores: tuple[int, ...]) -> Iterator[Callable[..., None]]:
     enforce.pin(0, mine)
 
 
-def measure_sim(cfg, cores: tuple[int, ...], threads: int, batch: int | None, seconds: float) -> dict[str, float]:
+def measure_sim(run: RunSpec, cores: tuple[int, ...], threads: int, batch: int | None,
+                seconds: float) -> dict[str, float]:
   """Steps the run's env with random actions on `cores` only (its workers and this thread pinned
   there): sync (batch None) or async recv/send of `batch`."""
   from sim_adapters import make_adapter
   from sim_adapters.base import gather_all
 
-  n = cfg.num_envs
+  n = run.num_envs
   # A render stage is a stage of its own (measure_render): the simulator under it is a state pool.
-  pixels = cfg.env.from_pixels and not cfg.env.render_stage
+  pixels = run.env.from_pixels and not run.env.render_stage
   with _on_cores(cores) as pin_new:
-    adapter = make_adapter(cfg.env.name, n, batch_size=batch, num_threads=threads, seed=cfg.seed,
-                           max_episode_steps=cfg.env.max_episode_steps, from_pixels=pixels,
-                           render_size=cfg.env.render_size, chunk_size=cfg.policy.chunk_size,
-                           reward_type=cfg.env.reward_type)
+    adapter = make_adapter(run.env.name, n, batch_size=batch, num_threads=threads, seed=run.seed,
+                           max_episode_steps=run.env.max_episode_steps, from_pixels=pixels,
+                           render_size=run.env.render_size, chunk_size=run.policy.chunk_size,
+                           reward_type=run.env.reward_type)
     rng = np.random.default_rng(0)
     spec = adapter.spec
     low, high = spec.action_low, spec.action_high
@@ -337,19 +339,19 @@ def measure_sim(cfg, cores: tuple[int, ...], threads: int, batch: int | None, se
           "cpu_us_per_step": cpu * 1e6 / max(steps, 1)}
 
 
-def measure_render(cfg, cores: tuple[int, ...], batches: list[int], seconds: float) -> list[dict[str, float]]:
+def measure_render(run: RunSpec, cores: tuple[int, ...], batches: list[int], seconds: float) -> list[dict[str, float]]:
   """Times the render stage's draws of `batch` frames (on its render thread, with Mesa's threads,
   all pinned to `cores`), from states a few random steps into their episodes."""
   from sim_adapters import make_adapter
   from sim_adapters.base import gather_all
   from sim_adapters.render_stage import render_thread_ids
 
-  n = cfg.num_envs
+  n = run.num_envs
   out = []
   with _on_cores(cores) as pin_new:
-    adapter = make_adapter(cfg.env.name, n, num_threads=len(cores), seed=cfg.seed,
-                           max_episode_steps=cfg.env.max_episode_steps, from_pixels=True,
-                           render_size=cfg.env.render_size, render_stage=True)
+    adapter = make_adapter(run.env.name, n, num_threads=len(cores), seed=run.seed,
+                           max_episode_steps=run.env.max_episode_steps, from_pixels=True,
+                           render_size=run.env.render_size, render_stage=True)
     try:
       adapter.reset()
       gather_all(adapter, n)
@@ -541,7 +543,7 @@ def _pow2_upto(n: int) -> list[int]:
   return [1 << k for k in range(top.bit_length()) if (1 << k) <= top]
 
 
-def measure(cfg, inventory: Inventory, *, policy=None, spec=None, full: bool = False,
+def measure(run: RunSpec, inventory: Inventory, *, policy=None, spec=None, full: bool = False,
             seconds: float = 0.5, log=print, placement_probe: bool = True, mps_pipe_dir: str = "") -> Profile:
   """Calibrates every stage for this run's shapes (about 10-20 s; `full` adds update sizes; with
   `mps_pipe_dir`, a running MPS daemon's, the learner process at each of SM_SHARES too)."""
@@ -555,34 +557,34 @@ def measure(cfg, inventory: Inventory, *, policy=None, spec=None, full: bool = F
 
   t0 = time.perf_counter()
   usable = inventory.cpu_cores
-  n = cfg.num_envs
-  tasks = multitask_tasks(cfg.env.name)
+  n = run.num_envs
+  tasks = run.tasks
   # A multi-task env runs one worker per task pool (MT10's ten pools already outnumber small machines' cores).
   threads = (lambda k: 1) if tasks is not None else (lambda k: k)
   counts = sorted({1, len(usable)})
   sim = []
-  log(f"[profile] sim: {cfg.env.name}, {n} envs, on {counts} cores")
+  log(f"[profile] sim: {run.env.name}, {n} envs, on {counts} cores")
   for k in counts:
-    sim.append(measure_sim(cfg, usable[:k], threads(k), None, seconds))
+    sim.append(measure_sim(run, usable[:k], threads(k), None, seconds))
   # Async recv batches: the per-call cost the planner trades against batch.
   for b in sorted({n // 4, n // 2, n - max(1, n // 8)}):
     if 1 <= b < n:
-      sim.append(measure_sim(cfg, usable, threads(len(usable)), b, seconds))
+      sim.append(measure_sim(run, usable, threads(len(usable)), b, seconds))
   render = None
-  if cfg.env.render_stage:
+  if run.env.render_stage:
     batches = sorted({max(1, n // 4), max(1, n // 2), n})
     log(f"[profile] render: draws of {batches} frames")
-    render = measure_render(cfg, usable, batches, seconds)
+    render = measure_render(run, usable, batches, seconds)
   if spec is None:
     from sim_adapters import make_adapter
-    probe = make_adapter(cfg.env.name, min(n, len(tasks)) if tasks is not None else 1,
-                         from_pixels=cfg.env.from_pixels, render_size=cfg.env.render_size,
-                         render_stage=cfg.env.render_stage, chunk_size=cfg.policy.chunk_size)
+    probe = make_adapter(run.env.name, min(n, len(tasks)) if tasks is not None else 1,
+                         from_pixels=run.env.from_pixels, render_size=run.env.render_size,
+                         render_stage=run.env.render_stage, chunk_size=run.policy.chunk_size)
     spec = probe.spec
     probe.close()
-  policy = policy or make_policy(cfg.policy.name, spec, cfg.policy)
-  layout = RunLayout.from_config(cfg)
-  learner = Learner(policy, LearnerConfig.from_config(cfg, layout))
+  policy = policy or make_policy(run.policy.name, spec, run.policy)
+  layout = run.layout
+  learner = Learner(policy, LearnerConfig.of(run.algorithm, layout, run.max_staleness))
   store = ParamStore()
   store.publish(learner.init(jax.random.PRNGKey(0)))
   sampler = Sampler(policy, spec, store, seed=0)
@@ -590,19 +592,19 @@ def measure(cfg, inventory: Inventory, *, policy=None, spec=None, full: bool = F
   gen = measure_gen(sampler, spec, _pow2_upto(n), seconds / 2)
   segments = layout.segments_per_update
   sizes = sorted({segments, max(1, segments // 2)}) if full else [segments]
-  log(f"[profile] train: {[s * cfg.rollout_length for s in sizes]} samples per update")
-  train = measure_train(learner, spec, cfg.rollout_length, sizes, max(seconds, 1.0))
-  assemble = measure_assemble(spec, n, cfg.rollout_length, sorted({8, 32, n}), seconds / 2)
+  log(f"[profile] train: {[s * run.rollout_length for s in sizes]} samples per update")
+  train = measure_train(learner, spec, run.rollout_length, sizes, max(seconds, 1.0))
+  assemble = measure_assemble(spec, n, run.rollout_length, sorted({8, 32, n}), seconds / 2)
   placement = sm_shares = None
   if placement_probe or mps_pipe_dir:
     from ebrl.learner_process import LearnerProcessSpec, RemoteLearner, shared_memory_bytes
     from ebrl.resources import mps
     from ebrl.transport import shm
 
-    remote_spec = LearnerProcessSpec(policy_name=cfg.policy.name, policy_cfg=cfg.policy, env_spec=spec,
-                                     learner_cfg=learner.cfg, rollout_length=cfg.rollout_length,
+    remote_spec = LearnerProcessSpec(policy_name=run.policy.name, policy_cfg=run.policy, env_spec=spec,
+                                     learner_cfg=learner.cfg, rollout_length=run.rollout_length,
                                      segments_per_update=segments, action_size=action_size(policy, spec),
-                                     priority=learner_priority(cfg))
+                                     priority=learner_priority(run))
     needed = shared_memory_bytes(learner, remote_spec)
     if not shm.fits(needed):  # The plan then keeps the learner in the run's process.
       log(f"[profile] placement: not measured: a learner process needs {needed / 2**20:,.1f} MiB of "
@@ -610,7 +612,7 @@ def measure(cfg, inventory: Inventory, *, policy=None, spec=None, full: bool = F
       placement_probe, mps_pipe_dir = False, ""
     if placement_probe:
       log("[profile] placement: generation beside updates in a thread, then in a learner process")
-      placement = measure_placement(learner, sampler, spec, n, cfg.rollout_length, segments, max(seconds, 1.0),
+      placement = measure_placement(learner, sampler, spec, n, run.rollout_length, segments, max(seconds, 1.0),
                                     lambda: RemoteLearner(learner, remote_spec))
     if mps_pipe_dir:
       from ebrl.resources.gpu_sharing import LEARNER_MEM_FRACTION
@@ -623,17 +625,17 @@ def measure(cfg, inventory: Inventory, *, policy=None, spec=None, full: bool = F
         return RemoteLearner(learner, dataclasses.replace(remote_spec, env=tuple(sorted(changed.items())),
                                                           unset_env=removed))
 
-      sm_shares = measure_sm_shares(sampler, spec, n, cfg.rollout_length, segments, max(seconds, 1.0), at,
+      sm_shares = measure_sm_shares(sampler, spec, n, run.rollout_length, segments, max(seconds, 1.0), at,
                                     action_size(policy, spec))
-  prof = Profile(fingerprint=inventory.fingerprint(), shape=run_shape(cfg), sim=sim, gen=gen, train=train,
+  prof = Profile(fingerprint=inventory.fingerprint(), shape=run_shape(run), sim=sim, gen=gen, train=train,
                  assemble=assemble, render=render, placement=placement, sm_shares=sm_shares)
   prof.measured_s = time.perf_counter() - t0
   return prof
 
 
-def cache_path(cfg, inventory: Inventory) -> str:
+def cache_path(run: RunSpec, inventory: Inventory) -> str:
   root = os.environ.get("EBRL_PROFILE_CACHE", os.path.expanduser("~/.cache/ebrl/profiles"))
-  key = json.dumps({"fp": inventory.fingerprint(), "shape": run_shape(cfg)}, sort_keys=True)
+  key = json.dumps({"fp": inventory.fingerprint(), "shape": run_shape(run)}, sort_keys=True)
   return os.path.join(root, hashlib.sha1(key.encode()).hexdigest()[:16] + ".json")
 
 
@@ -648,19 +650,19 @@ def save(profile: Profile, path: str) -> None:
   write_json(path, profile.to_dict())
 
 
-def load_or_measure(cfg, inventory: Inventory, log=print, **kwargs) -> Profile:
+def load_or_measure(run: RunSpec, inventory: Inventory, log=print, **kwargs) -> Profile:
   """The cached profile when hardware and shapes match, else a fresh calibration (then cached)."""
-  path = cache_path(cfg, inventory)
+  path = cache_path(run, inventory)
   if os.path.exists(path):
     try:
       p = load(path)
       wants_shares = bool(kwargs.get("mps_pipe_dir")) and not p.sm_shares  # Cached before MPS ran.
-      if p.fingerprint == inventory.fingerprint() and p.shape == run_shape(cfg) and not wants_shares:
+      if p.fingerprint == inventory.fingerprint() and p.shape == run_shape(run) and not wants_shares:
         log(f"[profile] reusing {path}")
         return p
     except (OSError, ValueError, TypeError, KeyError):
       pass  # A stale or damaged cache entry: measure again.
-  p = measure_in_subprocess(cfg, log=log, **kwargs)
+  p = measure_in_subprocess(run, log=log, **kwargs)
   try:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     save(p, path)
@@ -672,7 +674,7 @@ def load_or_measure(cfg, inventory: Inventory, log=print, **kwargs) -> Profile:
 ON_DEMAND_GPU_MEMORY = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
 
 
-def _measure_child(cfg_json: str, out: str, cache_dir: str | None, kwargs: dict[str, Any], parent_pid: int) -> None:
+def _measure_child(run: RunSpec, out: str, cache_dir: str | None, kwargs: dict[str, Any], parent_pid: int) -> None:
   from ebrl import spawn  # pylint: disable=g-import-not-at-top
 
   spawn.ignore_group_signals()  # A Ctrl-C or SIGTERM to the group is the run's to act on ...
@@ -682,16 +684,14 @@ def _measure_child(cfg_json: str, out: str, cache_dir: str | None, kwargs: dict[
   # backend starts here; the learner processes inherit it).
   os.environ.update(ON_DEMAND_GPU_MEMORY)
   import jax  # pylint: disable=g-import-not-at-top
-  import ml_collections  # pylint: disable=g-import-not-at-top
 
   from ebrl.resources.inventory import take_inventory  # pylint: disable=g-import-not-at-top
   if cache_dir:  # The parent's compilation cache: the run then reuses what calibration compiled.
     jax.config.update("jax_compilation_cache_dir", cache_dir)
-  cfg = ml_collections.ConfigDict(json.loads(cfg_json))
-  save(measure(cfg, take_inventory(), **kwargs), out)
+  save(measure(run, take_inventory(), **kwargs), out)
 
 
-def measure_in_subprocess(cfg, log=print, **kwargs) -> Profile:
+def measure_in_subprocess(run: RunSpec, log=print, **kwargs) -> Profile:
   """`measure` in a fresh process, whose simulators and compiled functions die with it.
 
   Why a process: the calibration builds and closes a dozen EnvPool pools, and
@@ -711,7 +711,7 @@ def measure_in_subprocess(cfg, log=print, **kwargs) -> Profile:
   with tempfile.TemporaryDirectory(prefix="ebrl-profile-") as tmp:
     out = os.path.join(tmp, "profile.json")
     proc = spawn.SPAWN.Process(target=_measure_child, name="ebrl-profile", args=(
-        cfg.to_json(), out, jax.config.jax_compilation_cache_dir, kwargs, os.getpid()))
+        run, out, jax.config.jax_compilation_cache_dir, kwargs, os.getpid()))
     with spawn.main_module_hidden():  # An unguarded user script must not run again in the child.
       proc.start()
     try:

@@ -13,7 +13,6 @@ and held-out success, per task on multi-task envs).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from typing import Any
 
@@ -28,6 +27,7 @@ from ebrl.evaluation import HELD_OUT_SEED, HostRunner, RunEnv
 from ebrl.sft import data as data_lib
 from ebrl.sft.losses import LOSS_NAMES
 from ebrl.sft.train import SFTConfig, train
+from ebrl.spec import RunSpec
 from ebrl.telemetry.writers import MetricsWriter, write_json
 
 META_FILE = "sft.json"
@@ -46,15 +46,15 @@ class SFTRun:
   progress: bool = True
 
 
-def env_spec(cfg, run_env: RunEnv):
+def env_spec(run_spec: RunSpec, run_env: RunEnv):
   """The EnvSpec of cfg's env as RL builds it (pixels, chunks), without simulating."""
-  from sim_adapters import is_device_env, make_adapter, multitask_tasks  # pylint: disable=g-import-not-at-top
+  from sim_adapters import make_adapter  # pylint: disable=g-import-not-at-top
 
-  if is_device_env(cfg.env.name):
-    raise UserError(f"env '{cfg.env.name}' is a device simulator; demonstrations are recorded on "
+  if run_spec.device_env:
+    raise UserError(f"env '{run_spec.env.name}' is a device simulator; demonstrations are recorded on "
                     "MetaWorld host envs (python -m launch.demos)")
   try:
-    adapter = make_adapter(cfg.env.name, len(multitask_tasks(cfg.env.name) or (1,)), seed=cfg.seed,
+    adapter = make_adapter(run_spec.env.name, len(run_spec.tasks or (1,)), seed=run_spec.seed,
                            **run_env.adapter_kwargs())
   except (ValueError, RuntimeError) as e:
     raise UserError(str(e)) from None
@@ -73,7 +73,7 @@ def _check_eval_seed(run: SFTRun, demos, num_tasks: int) -> None:
                     "would start where the demos did; choose a seed further away")
 
 
-def prepare(cfg, run: SFTRun):
+def prepare(run_spec: RunSpec, run: SFTRun):
   """Every check, nothing compiled: (demos, spec, policy, run_env, out)."""
   from policies import IncompatibleObservationError, make_policy  # pylint: disable=g-import-not-at-top
 
@@ -81,47 +81,47 @@ def prepare(cfg, run: SFTRun):
   out = os.path.abspath(run.out)
   if os.path.exists(os.path.join(out, warm_start.PARAMS_DIR)):
     raise UserError(f"--out='{run.out}' already holds params; choose a new directory (they are never overwritten)")
-  run_env = RunEnv.of_run(cfg)
-  spec = env_spec(cfg, run_env)
-  data_lib.check_demos(demos, spec, cfg.env.name)
+  run_env = RunEnv.of_spec(run_spec)
+  spec = env_spec(run_spec, run_env)
+  data_lib.check_demos(demos, spec, run_spec.env.name)
   _check_eval_seed(run, demos, max(1, spec.num_tasks))
   try:
-    policy = make_policy(cfg.policy.name, spec, cfg.policy)
+    policy = make_policy(run_spec.policy.name, spec, run_spec.policy)
   except (ValueError, IncompatibleObservationError) as e:
     raise UserError(str(e)) from None
   workdir_lib.check_writable(out, flag="out")
   return demos, spec, policy, run_env, out
 
 
-def held_out(cfg, run_env: RunEnv, policy, run: SFTRun, num_tasks: int):
+def held_out(run_spec: RunSpec, run_env: RunEnv, policy, run: SFTRun, num_tasks: int):
   """evaluate(params) -> success (overall and per task) in fresh episodes, `eval_episodes` per task."""
   def evaluate(params) -> dict:
-    runner = HostRunner(cfg.env.name, run.eval_episodes * num_tasks, run.eval_seed, run_env)
+    runner = HostRunner(run_spec.env.name, run.eval_episodes * num_tasks, run.eval_seed, run_env)
     return runner.run(policy, params)
   return evaluate
 
 
-def pretrain(cfg, run: SFTRun) -> tuple[Any, dict[str, Any]]:
+def pretrain(run_spec: RunSpec, run: SFTRun) -> tuple[Any, dict[str, Any]]:
   """Checks, pre-trains, evaluates and saves; returns (the params saved, what sft.json holds)."""
-  demos, spec, policy, run_env, out = prepare(cfg, run)
+  demos, spec, policy, run_env, out = prepare(run_spec, run)
   tasks = max(1, spec.num_tasks)
   k = int(spec.chunk_size)
-  key = jax.random.PRNGKey(cfg.seed)
+  key = jax.random.PRNGKey(run_spec.seed)
   init_key, train_key = jax.random.split(key)
   params = data_lib.fit_normalizer(policy, policy.init(init_key), demos)
   frozen = run.train.frozen if policy.name in ("mlp", "cnn") else ()
-  batches = data_lib.batches(demos, k, run.train.batch_size, seed=cfg.seed)
+  batches = data_lib.batches(demos, k, run.train.batch_size, seed=run_spec.seed)
   writer = MetricsWriter(out)
   try:
     params, history = train(policy, params, batches, dataclasses.replace(run.train, frozen=frozen), train_key,
-                            evaluate=held_out(cfg, run_env, policy, run, tasks),
+                            evaluate=held_out(run_spec, run_env, policy, run, tasks),
                             write=lambda row: writer.write(row, step_key="step"), progress=run.progress)
   finally:
     writer.close()
   final = history["evals"][-1] if history["evals"] else {}
   losses = history["loss"]
   window = max(1, min(50, len(losses) // 5))  # The first and last steps' mean minibatch loss.
-  meta = dict(env=cfg.env.name, policy=policy.name, loss=LOSS_NAMES[policy.name], demos=os.path.abspath(run.demos),
+  meta = dict(env=run_spec.env.name, policy=policy.name, loss=LOSS_NAMES[policy.name], demos=os.path.abspath(run.demos),
               demo_episodes=demos.num_episodes, demo_steps=demos.num_steps, chunk_size=k,
               expert_success=demos.expert_success(), steps=run.train.steps, batch_size=run.train.batch_size,
               learning_rate=run.train.learning_rate, frozen=list(frozen),
@@ -129,7 +129,7 @@ def pretrain(cfg, run: SFTRun) -> tuple[Any, dict[str, Any]]:
               eval_seed=run.eval_seed, eval_episodes_per_task=run.eval_episodes,
               held_out=history["evals"], final_success_rate=final.get("success_rate"),
               final_success_rate_by_task=final.get("success_rate_by_task"),
-              config=json.loads(cfg.to_json_best_effort()))
+              config=run_spec.config)
   try:
     warm_start.save_params(out, params)
   except ValueError as e:

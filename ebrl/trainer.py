@@ -1,19 +1,17 @@
-"""A training run: builds the stages from a config and owns the run's outputs.
+"""A training run: its stages (built by ebrl/stages.py from the run's spec) and its outputs.
 
-`run` hands the scheduler a RunContext (ebrl/scheduler/context.py) and drives
-it (ebrl/driver.py): each update's report goes to `record`, which keeps the
-new state, logs metrics.jsonl / TensorBoard / the progress bar, checkpoints,
-and tracks time to success, and to the tuners (the overlap probe, the resource
+The spec is resolved first (ebrl/validation.py: everything that can be wrong
+with the user's request is checked before anything is compiled). `run` hands
+the scheduler a RunContext (ebrl/scheduler/context.py) and drives it
+(ebrl/driver.py): each update's report goes to `record`, which keeps the new
+state, logs metrics.jsonl / TensorBoard / the progress bar, checkpoints, and
+tracks time to success, and to the tuners (the overlap probe, the resource
 controller), whose knobs go back to the scheduler. `finish` writes the final
-checkpoint, summary.json and plots. Everything that can be wrong
-with the user's request is checked before anything is compiled (see
-ebrl/validation.py).
+checkpoint, summary.json and plots.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import json
 import math
 import os
@@ -32,30 +30,14 @@ from ebrl import workdir as workdir_lib
 from ebrl.checkpointing import Checkpointer
 from ebrl.driver import Budget, drive
 from ebrl.errors import UserError
-from ebrl.layout import RunLayout
-from ebrl.learner import Learner, LearnerConfig, make_mesh, with_reference
-from ebrl.learner_process import LearnerProcessSpec, RemoteLearner, shared_memory_bytes
-from ebrl.param_store import ParamStore, with_value_stats
-from ebrl.resources import gpu_sharing, profiler
-from ebrl.resources.overlap import OverlapSwitch
-from ebrl.sampler import Sampler
+from ebrl.learner import with_reference
 from ebrl.scheduler import make_scheduler
 from ebrl.scheduler.context import RunContext
-from ebrl.spec import RunSpec, derive_layout
-from ebrl.validation import resolve
+from ebrl.spec import RunSpec
+from ebrl.stages import build, start_learner_process
 from ebrl.telemetry import plots
-from ebrl.telemetry.episodes import EpisodeTracker
-from ebrl.telemetry.stages import StageClock
-from ebrl.telemetry.trace import Tracer
 from ebrl.telemetry.writers import MetricsWriter, read_jsonl, write_json
-from ebrl.transport import shm
 from ebrl.tuning import Mark, UpdateReport
-from policies import IncompatibleObservationError, make_policy
-from policies.base import action_size
-from sim_adapters import make_env_groups
-from sim_adapters.envpool_adapter import UnsupportedEnvError
-from sim_adapters.multitask import env_task_ids
-
 
 def _finite_or_none(x: float):
   return x if x is not None and math.isfinite(x) else None
@@ -102,30 +84,44 @@ def _skipped(state) -> int | None:
   return None if state.skipped_updates.is_deleted() else int(state.skipped_updates)
 
 
-class LearnerProcessPlacement:
-  """Moves the learner process with each plan: to the plan's train cores, and, under MPS
-  (`sharing`), to its SM share, which takes a restart of the process."""
+class _Stage:
+  """A Trainer attribute that is its stages' (ebrl/stages.py): read and set there."""
 
-  def __init__(self, remote: RemoteLearner, sharing, say: Callable[[str], None]):
-    self.remote, self.sharing, self.say = remote, sharing, say
+  def __set_name__(self, owner, name: str) -> None:
+    self.name = name
 
-  def follow(self, plan) -> list[Mark]:
-    """Between updates (the driver's turn); returns a mark when the process was restarted."""
-    remote = self.remote
-    changes = (self.sharing.learner_env(plan.learner_sm_percent) if self.sharing and plan.learner_sm_percent
-               else {"env": remote.spec.env, "unset_env": remote.spec.unset_env})
-    if changes["env"] == remote.spec.env:
-      remote.set_cores(plan.cpu_sets["train"])
-      return []
-    remote.respawn(**changes, cores=tuple(plan.cpu_sets["train"]))
-    self.say(f"[placement] learner process restarted as {remote.pid} with {plan.learner_sm_percent}% of the SMs")
-    return [Mark("learner_respawn", f"learner {plan.learner_sm_percent}% SMs", {"pid": remote.pid})]
+  def __get__(self, obj, owner=None):
+    return self if obj is None else getattr(obj.stages, self.name)
+
+  def __set__(self, obj, value) -> None:
+    setattr(obj.stages, self.name, value)
 
 
 class Trainer:
-  """A run's stages and outputs. Everything it holds (env pools, the learner process and its shared
-  memory, open files, the checkpointer) is released by `finish` or `abort`, and by the constructor
-  itself when building fails part way, each in its own guard."""
+  """A run: its stages (`build`, ebrl/stages.py) and its outputs, which it records from each
+  update's report. Everything it holds (env pools, the learner process and its shared memory, open
+  files, the checkpointer) is released by `finish` or `abort`, and by the constructor itself when
+  building fails part way, each in its own guard."""
+
+  # The stages, as attributes of the run (benchmarks, tests and notebooks reach them here).
+  layout = _Stage()
+  placement = _Stage()
+  resources = _Stage()
+  overlap = _Stage()
+  tracer = _Stage()
+  clock = _Stage()
+  host_envs = _Stage()
+  device_sim = _Stage()
+  spec = _Stage()
+  policy = _Stage()
+  action_size = _Stage()
+  learner = _Stage()
+  stage_placement = _Stage()
+  params = _Stage()
+  sampler = _Stage()
+  tracker = _Stage()
+  envs = _Stage()
+  tuners = _Stage()
 
   def __init__(self, run_spec: RunSpec | ml_collections.ConfigDict, workdir: str, *,
                launch_time: float | None = None, progress: bool = True,
@@ -161,7 +157,7 @@ class Trainer:
   def _build(self, run_spec: RunSpec | ml_collections.ConfigDict, workdir: str, launch_time: float | None,
              progress: bool) -> None:
     if not isinstance(run_spec, RunSpec):  # A config, from a notebook or a test: checked and translated here.
-      run_spec = resolve(run_spec)
+      run_spec = validation.resolve(run_spec)
     self.run_spec = run_spec
     self.workdir = os.path.abspath(workdir)
     self.launch_time = launch_time or time.time()
@@ -176,47 +172,9 @@ class Trainer:
     # preempted N times does not replay its first episodes N times.
     resume_meta = _latest_meta(os.path.join(self.workdir, "checkpoints")) if run_spec.outputs.resume else None
     self.env_seed = launch_env_seed(run_spec.seed, int(resume_meta["env_steps"]) if resume_meta else 0)
-    device_env = run_spec.device_env
-    self.resources = None  # The ebrl scheduler's ResourceManager (host envs).
-    if run_spec.async_ is not None and run_spec.resources != "off" and not device_env:
-      from ebrl.resources.manager import ResourceManager
-      try:
-        self.resources = ResourceManager(run_spec, log=say)
-      except ValueError as e:
-        raise UserError(str(e)) from None
-    self.overlap = self._overlap_switch(run_spec, device_env, say)
-    # The spec's layout, or the plan's: the resource manager sizes groups and batches for this machine.
-    self.layout = derive_layout(run_spec, self.resources.plan) if self.resources else run_spec.layout
-    self.placement = self._placement(run_spec, device_placement)
-    self.tracer = Tracer()
-    self.clock = StageClock(self.tracer)  # Stages' busy time and spans (the render stage's draws too).
-    self.device_sim = None
-    self.host_envs = None
-    if device_env:
-      self._build_device_sim(run_spec, self.layout)
-    else:
-      self._build_host_groups(run_spec, self.layout)
-    self._hold("envs", self.envs.close)
-    self.spec = self.envs.spec
-    try:
-      self.policy = make_policy(run_spec.policy.name, self.spec, run_spec.policy)
-    except (IncompatibleObservationError, ValueError) as e:
-      raise UserError(f"policy '{run_spec.policy.name}': {e}") from None
-
-    self.action_size = action_size(self.policy, self.spec)
-    self.learner = Learner(self.policy, LearnerConfig.of(run_spec.algorithm, self.layout, run_spec.max_staleness),
-                           mesh=make_mesh(self._local_devices(self.placement.train)))
-    # threads or processes; a learner process's /dev/shm space is checked here, before any compile.
-    self.stage_placement = self._stage_placement(run_spec, say)
-    remote_spec = self._learner_process_spec(run_spec) if self.stage_placement == "processes" else None
-    # Host acting: generation on its own devices (a device env's policy acts inside the sim's scan).
-    gen_mesh = None if self.device_sim is not None else make_mesh(self._local_devices(self.placement.gen))
-    self.params = self._param_store(gen_mesh)
-    self.sampler = Sampler(self.policy, self.spec, self.params, seed=run_spec.seed + 1, mesh=gen_mesh,
-                           prenormalized=run_spec.algorithm.obs_norm_update == "every_step")
-    self.tracker = self._episode_tracker(run_spec)
-    self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"), keep=run_spec.outputs.keep_checkpoints,
-                                     warn=lambda m: tqdm.tqdm.write(m))
+    self.stages = build(run_spec, device_placement, self.env_seed, self._hold, say)
+    self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"),
+                                     keep=run_spec.outputs.keep_checkpoints, warn=lambda m: tqdm.tqdm.write(m))
     self._hold("checkpointer", self.checkpointer.close)
     self.state = self.learner.init(jax.random.PRNGKey(run_spec.seed))
     self.prior_wall_s = 0.0  # Wall time of earlier launches of this run (resume).
@@ -253,137 +211,14 @@ class Trainer:
     self._last_ckpt = self.start_time
     self._last_metrics: dict = {}
     # tqdm.auto: a widget in a notebook, the text bar in a terminal.
-    self.bar = tqdm.auto.tqdm(total=run_spec.total_env_steps, initial=self.env_steps, unit="step", unit_scale=True,
-                         mininterval=1.0, dynamic_ncols=True, disable=not progress)
+    self.bar = tqdm.auto.tqdm(total=run_spec.total_env_steps, initial=self.env_steps, unit="step",
+                              unit_scale=True, mininterval=1.0, dynamic_ncols=True, disable=not progress)
     self._hold("progress bar", self.bar.close)
-    if remote_spec is not None:
-      self.learner = self._learner_process(remote_spec, say)
-      self._hold("learner process", self.learner.close)
-    # Tuners: the resource controller and the overlap probe (ebrl/tuning.py), in that order.
-    self.tuners = tuple(t for t in (self.resources, self.overlap) if t is not None)
+    if self.stages.learner_process_spec is not None:
+      self.stages.learner = start_learner_process(run_spec, self.stages, say)
+      self._hold("learner process", self.stages.learner.close)
     # Last: a run that failed to build leaves no config.json, so the same workdir takes a retry.
     workdir_lib.write_config(self.workdir, run_spec.config)
-
-  def _episode_tracker(self, run_spec: RunSpec) -> EpisodeTracker:
-    """The run's episode statistics; with a multi-task env, per task too. Every env group holds the
-    same task list over `envs_per_group` envs, laid out as one adapter lays out its envs."""
-    tasks = () if self.device_sim is not None else run_spec.tasks or ()
-    env_tasks = None
-    if tasks:
-      env_tasks = np.tile(env_task_ids(self.layout.envs_per_group, len(tasks)), self.layout.num_groups)
-    return EpisodeTracker(run_spec.num_envs, self.spec.has_success, target=run_spec.outputs.target_success, tasks=tasks,
-                          env_tasks=env_tasks)
-
-  def _overlap_switch(self, run_spec: RunSpec, device_env: bool, say: Callable[[str], None]) -> OverlapSwitch | None:
-    """Overlap or a barrier, measured on the run (ebrl/resources/overlap.py): the resource manager's
-    on host envs; on a device simulator (no stages to place) resources=auto probes only that."""
-    if self.resources is not None:
-      return self.resources.overlap
-    if not (device_env and run_spec.async_ is not None and run_spec.resources == "auto"):
-      return None
-    if not OverlapSwitch.allowed(run_spec):
-      say(f"[resources] auto on '{run_spec.env.name}': nothing to choose (the device simulator fuses sim and "
-          f"generation; max_staleness={run_spec.max_staleness}, "
-          f"quotas.overlap_probe_s={run_spec.quotas.overlap_probe_s})")
-      return None
-    say(f"[resources] auto on '{run_spec.env.name}': the device simulator fuses sim and generation in XLA's threads; "
-        "overlap against a barrier is probed on the run")
-    return OverlapSwitch(run_spec.max_staleness, run_spec.quotas.overlap_probe_s, say)
-
-  def _stage_placement(self, run_spec: RunSpec, say: Callable[[str], None]) -> str:
-    """threads or processes: the config's, or with placement=auto the plan's (threads without one,
-    and threads where /dev/shm cannot hold the learner process's ring and state slot)."""
-    if run_spec.learner_placement != "auto":
-      return run_spec.learner_placement
-    chosen = self.resources.plan.placement if self.resources is not None else "threads"
-    if chosen == "processes":
-      needed = shared_memory_bytes(self.learner, self._learner_process_spec(run_spec, check=False))
-      if not shm.fits(needed):
-        say(f"[placement] the plan's learner process needs {needed / 2**20:,.1f} MiB of {shm.SHM_DIR}, which has "
-            f"{(shm.free_bytes() or 0) / 2**20:,.1f} MiB free: the learner stays in this process")
-        return "threads"
-    return chosen
-
-  def _learner_process_spec(self, run_spec: RunSpec, check: bool = True) -> LearnerProcessSpec:
-    """The learner process's spec (its cores, priority, devices); `check`: ShmSpaceError now if
-    /dev/shm cannot hold its ring and state slot."""
-    cores = tuple(self.resources.plan.cpu_sets["train"]) if self.resources is not None else ()
-    spec = LearnerProcessSpec(policy_name=run_spec.policy.name, policy_cfg=run_spec.policy, env_spec=self.spec,
-                              learner_cfg=self.learner.cfg, rollout_length=self.layout.rollout_length,
-                              segments_per_update=self.layout.segments_per_update, action_size=self.action_size,
-                              train_devices=tuple(self.placement.train), cores=cores,
-                              priority=profiler.learner_priority(run_spec))
-    if check:
-      shm.check_space(shared_memory_bytes(self.learner, spec), "the learner process (placement=processes)")
-    return spec
-
-  def _learner_process(self, spec: LearnerProcessSpec, say: Callable[[str], None]) -> RemoteLearner:
-    """The learner in a spawned process on the plan's train cores (ebrl/learner_process.py)."""
-    run_spec = self.run_spec
-    sharing = gpu_sharing.current()
-    mps = sharing is not None and sharing.mode == "mps"
-    share = ""
-    if mps:
-      sm = self._learner_sm_percent(run_spec)
-      spec = dataclasses.replace(spec, **sharing.learner_env(sm))
-      share = f", {sm}% of the SMs"
-    remote = RemoteLearner(self.learner, spec)
-    if self.resources is not None:  # Each re-plan moves it (ResourceManager.decide).
-      self.resources.learner_process = LearnerProcessPlacement(remote, sharing if mps else None, say)
-    say(f"[placement] learner in process {remote.pid}" + (f" on cores {spec.cores}" if spec.cores else "") + share
-        + (", at idle CPU priority" if spec.priority == "idle" else ""))
-    if sharing is None or sharing.mode == "off":  # placement=auto's choice, or a Trainer built directly.
-      say("[placement] no SM shares (MPS starts before JAX, from ebrl.train with placement=processes): "
-          "the processes time-share")
-    else:
-      say(sharing.note)
-    return remote
-
-  def _learner_sm_percent(self, run_spec: RunSpec) -> int:
-    """The learner process's SM share: the config's, else the plan's (from shares the profile
-    measured), else its part of the profiled GPU time per step."""
-    if not run_spec.quotas.learner_sm_percent and self.resources is not None and self.resources.plan.learner_sm_percent:
-      return self.resources.plan.learner_sm_percent
-    profile = self.resources.profile if self.resources is not None else None
-    if profile is None:
-      return gpu_sharing.learner_sm_percent(run_spec.quotas.learner_sm_percent, 1.0, 1.0)
-    n = run_spec.num_envs
-    return gpu_sharing.learner_sm_percent(run_spec.quotas.learner_sm_percent, profile.gen_wall_us(n) * 1e-6 / n,
-                                          1.0 / max(profile.train_rate(), 1e-9))
-
-  @staticmethod
-  def _local_devices(indices: tuple[int, ...]) -> list:
-    local = jax.local_devices()
-    return [local[i] for i in indices]
-
-  def _placement(self, run_spec: RunSpec, checked):
-    """Local devices per stage (config.devices) as `validation.check_devices` found them; with a
-    plan, "auto" splits them by the plan's stage costs instead."""
-    from ebrl.resources import devices as devices_lib  # pylint: disable=g-import-not-at-top
-
-    placement = checked
-    if self.resources is not None:
-      costs = self.resources.plan.stage_cost_us
-      placement = devices_lib.resolve(run_spec.devices, jax.local_device_count(), run_spec.device_env,
-                                      gen_cost=costs.get("gen", 1.0), train_cost=costs.get("train", 1.0))
-    if jax.local_device_count() > 1:
-      tqdm.tqdm.write(devices_lib.demand_split_note(placement, jax.local_device_count()))
-    return placement
-
-  def _param_store(self, gen_mesh) -> ParamStore:
-    """Host acting reads the policy params, replicated on the generation devices (a device-to-device
-    copy from the learner's); device collects also the value statistics, on the simulator's mesh."""
-    from jax.sharding import NamedSharding, PartitionSpec as P
-    if self.device_sim is None:
-      return ParamStore(place=lambda params: jax.device_put(params, NamedSharding(gen_mesh, P())))
-    mesh = self.device_sim.mesh
-    place = None if mesh is None else (lambda params: jax.device_put(params, NamedSharding(mesh, P())))
-    return ParamStore(select=with_value_stats, place=place)
-
-  @property
-  def envs(self):
-    """The run's simulators: its host env groups (EnvGroups) or its DeviceSim."""
-    return self.host_envs if self.host_envs is not None else self.device_sim
 
   def run_context(self) -> RunContext:
     """What the scheduler drives (ebrl/scheduler/context.py)."""
@@ -409,55 +244,6 @@ class Trainer:
     """`run` to the end."""
     for _ in self.run(total_env_steps, scheduler):
       pass
-
-  def _build_host_groups(self, run_spec: RunSpec, layout: RunLayout) -> None:
-    """EnvPool env groups (host simulators) for the sync / pipelined / ebrl schedulers."""
-    placement, adopt = {}, contextlib.nullcontext()
-    if self.resources is not None:  # EnvPool's workers are pinned to the plan's sim quota.
-      placement = {"thread_affinity_offset": layout.thread_affinity_offset}
-      adopt = self.resources.adopt("sim")
-    try:
-      with adopt:
-        self.host_envs = make_env_groups(
-            run_spec.env.name, layout.num_groups, layout.envs_per_group, recv_batch=layout.recv_batch,
-            num_threads=layout.sim_threads,
-            seed=self.env_seed, max_episode_steps=run_spec.env.max_episode_steps, from_pixels=run_spec.env.from_pixels,
-            render_size=run_spec.env.render_size, straggler_fraction=run_spec.env.straggler_fraction,
-            straggler_slowdown=run_spec.env.straggler_slowdown,
-            straggler_step_s=run_spec.env.straggler_step_ms / 1000.0 or None,
-            shift_at_s=run_spec.env.shift_at_s, shift_sim_us=run_spec.env.shift_sim_us,
-            chunk_size=run_spec.policy.chunk_size, reward_type=run_spec.env.reward_type, gamma=run_spec.algorithm.gamma,
-            env_group_size=run_spec.algorithm.group_size if run_spec.algorithm.name == "grpo" else 1,
-            render_stage=run_spec.env.render_stage, clock=self.clock,
-            **placement)
-    except (UnsupportedEnvError, ValueError) as e:
-      raise UserError(str(e)) from None
-    if self.resources is not None and run_spec.env.render_stage:  # Draws get the render quota, not sim's.
-      from sim_adapters.render_stage import render_thread_ids
-      self.resources.enforcer.assign("render", render_thread_ids())
-
-  def _build_device_sim(self, run_spec: RunSpec, layout: RunLayout) -> None:
-    """One DeviceSim over the simulator's devices (config.devices.sim; default every local device), driven by
-    the fused rollout (ebrl/scheduler/device_sync.py).
-
-    With scheduler=ebrl it holds one env group (num_envs / num_groups envs); each group is its own
-    state of it (ebrl/scheduler/device_ebrl.py). ebrl/validation.py has rejected host-only schedulers.
-    """
-    from sim_adapters.mjx import make_device_sim
-    from sim_adapters.mjx.device_sim import make_sim_mesh
-
-    env = run_spec.env
-    unsupported = {"env.from_pixels": env.from_pixels, "env.straggler_fraction": env.straggler_fraction,
-                   "env.straggler_step_ms": env.straggler_step_ms, "env.shift_sim_us": env.shift_sim_us}
-    for key, value in unsupported.items():
-      if value:
-        raise UserError(f"{key}={value!r} is not supported for device env '{run_spec.env.name}' (host envs only)")
-    try:
-      self.device_sim = make_device_sim(run_spec.env.name, layout.envs_per_group,
-                                        max_episode_steps=run_spec.env.max_episode_steps,
-                                        mesh=make_sim_mesh(self._local_devices(self.placement.sim)))
-    except (ValueError, RuntimeError) as e:
-      raise UserError(str(e)) from None
 
   def _controller_plot(self, rows: list[dict], title: str) -> None:
     """plots/controller.png: throughput against the plan's prediction, shifts and re-plans marked."""

@@ -92,7 +92,8 @@ def test_workspace_fetches_the_pinned_rules_python_and_overrides_nothing():
     ("ebrl.learner", {"//ebrl:types"}, {"jax", "jaxlib", "optax"}),
     ("sim_adapters.envpool_adapter", {"//sim_adapters:base"}, {"envpool", "envpool-assets", "numpy"}),
     ("launch.train", {"//ebrl:api", "//launch:common"}, {"absl-py"}),
-    ("ebrl.trainer", {"//ebrl/scheduler", "//sim_adapters", "//policies"}, {"tqdm"}),  # Factories: APIs.
+    ("ebrl.trainer", {"//ebrl/scheduler", "//ebrl:stages"}, {"tqdm"}),
+    ("ebrl.stages", {"//sim_adapters", "//policies"}, {"tqdm"}),  # Factories: APIs.
 ])
 def test_deps_follow_imports(module, expected, expected_pip):
   labels, pip = bazel_targets.Graph().deps(module)

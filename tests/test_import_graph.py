@@ -137,6 +137,7 @@ def test_no_import_cycle():
     ("ebrl.tuning", "ebrl.scheduler.context"),
     ("ebrl.resources.manager", "ebrl.scheduler.context"),
     ("ebrl.scheduler.ebrl", "ebrl.driver"),
+    ("ebrl.stages", "ebrl.trainer"),
     ("sim_adapters.base", "ebrl.learner"),
     ("policies.base", "ebrl.learner"),
 ])

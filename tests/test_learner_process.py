@@ -293,8 +293,9 @@ def test_a_run_with_a_learner_process_keeps_the_staleness_bound_under_random_del
   every sample an update takes is at most eta versions old, and the run ends with nothing left."""
   import functools  # pylint: disable=g-import-not-at-top
 
+  from ebrl import stages as stages_lib  # pylint: disable=g-import-not-at-top
   from ebrl import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
-  monkeypatch.setattr(trainer_lib, "LearnerProcessSpec", functools.partial(LearnerProcessSpec, delay_s=(0.0, 0.06)))
+  monkeypatch.setattr(stages_lib, "LearnerProcessSpec", functools.partial(LearnerProcessSpec, delay_s=(0.0, 0.06)))
   trainer = trainer_lib.Trainer(_run_config(1_500, eta), str(tmp_path), progress=False)
   assert isinstance(trainer.learner, RemoteLearner)
   pid = trainer.learner.pid

@@ -198,7 +198,7 @@ def _device_sim(run: RunSpec, layout: RunLayout, placement: DevicePlacement):
   the fused rollout (ebrl/scheduler/device_sync.py).
 
   With scheduler=ebrl it holds one env group (num_envs / num_groups envs); each group is its own
-  state of it (ebrl/scheduler/device_ebrl.py). ebrl/validation.py has rejected host-only schedulers.
+  state of it (ebrl/scheduler/device_async.py). ebrl/validation.py has rejected host-only schedulers.
   """
   from sim_adapters.mjx import make_device_sim  # pylint: disable=g-import-not-at-top
   from sim_adapters.mjx.device_sim import make_sim_mesh  # pylint: disable=g-import-not-at-top

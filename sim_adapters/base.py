@@ -76,7 +76,7 @@ class StepBatch:
                      discount=None if self.discount is None else self.discount[idx])
 
 
-def concat_batches(batches: list[StepBatch]) -> StepBatch:
+def concat_step_batches(batches: list[StepBatch]) -> StepBatch:
   """The rows of several batches, in order (one batch is returned as it is)."""
   if len(batches) == 1:
     return batches[0]
@@ -99,7 +99,7 @@ def gather_all(adapter, num_envs: int) -> StepBatch:
 
 def concat_sorted(batches: list[StepBatch]) -> StepBatch:
   """Concatenates batches and orders rows by env id (no copy when already sorted)."""
-  b = concat_batches(batches)
+  b = concat_step_batches(batches)
   if np.all(b.env_ids[1:] > b.env_ids[:-1]):
     return b
   return b.take(np.argsort(b.env_ids, kind="stable"))

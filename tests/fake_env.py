@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from sim_adapters.base import EnvSpec, StepBatch, concat_batches
+from sim_adapters.base import EnvSpec, StepBatch, concat_step_batches
 
 
 class FakeAsyncEnv:
@@ -88,7 +88,7 @@ class FakeAsyncEnv:
     while count < self.num_envs:
       batches.append(self.recv())
       count += len(batches[-1])
-    b = concat_batches(batches)
+    b = concat_step_batches(batches)
     return b.take(np.argsort(b.env_ids))
 
   def reset_envs(self, env_ids: np.ndarray) -> None:

@@ -109,7 +109,7 @@ def _record_batches(q: TrajectoryQueue) -> list:
 
 def _ebrl_with_fake_envs(tmp_path, *, eta: int, group_envs: int, recv_batch: int, step_s, seed: int,
                          updates: int, learner_s: float = 0.0, groups: int = 2, jitter: float = 0.5):
-  """A real ebrl run (EbrlScheduler, queue, assembler, sampler, learner) over FakeAsyncEnv groups.
+  """A real ebrl run (HostAsyncScheduler, queue, assembler, sampler, learner) over FakeAsyncEnv groups.
 
   Returns the scheduler, the trainer, every batch the learner took as (learner version, segments),
   and the per-update metrics.

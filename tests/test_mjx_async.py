@@ -18,7 +18,7 @@ from ebrl.learner import Learner
 from ebrl.scheduler import make_scheduler
 from ebrl.param_store import with_value_stats
 from ebrl.scheduler.device_sync import make_collect
-from ebrl.scheduler.device_ebrl import DeviceEbrlScheduler, make_segment_collect
+from ebrl.scheduler.device_async import DeviceAsyncScheduler, make_segment_collect
 from ebrl.trainer import Trainer
 from launch.configs import default
 
@@ -58,7 +58,7 @@ def _run(cfg, workdir):
 @pytest.mark.parametrize("eta", [0, 2])
 def test_ebrl_device_run_trains_within_the_staleness_bound(eta, tmp_path):
   trainer, summary, seen = _run(_cfg(1_024, eta), tmp_path)
-  assert isinstance(make_scheduler("ebrl", trainer.run_context()), DeviceEbrlScheduler)
+  assert isinstance(make_scheduler("ebrl", trainer.run_context()), DeviceAsyncScheduler)
   assert not _stage_threads()
   assert summary["env_steps"] >= 1_024 and summary["policy_version"] >= 12  # 1024 / (8 envs * 8 steps) = 16
   assert len(seen) == summary["policy_version"]

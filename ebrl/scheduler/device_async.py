@@ -84,14 +84,14 @@ def make_segment_collect(sim: DeviceSim, policy: Policy, horizon: int, gamma: fl
   return jax.jit(segments, donate_argnums=(1,))
 
 
-def concat_batches(batches: list[SegmentBatch]) -> SegmentBatch:
+def concat_segment_batches(batches: list[SegmentBatch]) -> SegmentBatch:
   """Group batches side by side along the env axis (axis 1)."""
   if len(batches) == 1:
     return batches[0]
   return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=1 if xs[0].ndim > 1 else 0), *batches)  # env_ids: [B].
 
 
-class DeviceEbrlScheduler(Scheduler):
+class DeviceAsyncScheduler(Scheduler):
   """scheduler=ebrl on a DeviceSim: one collecting thread per env group, one learner thread."""
 
   # Training runs beside the rollout (only the staleness bound couples them), so the
@@ -195,7 +195,8 @@ class DeviceEbrlScheduler(Scheduler):
   # -- learner thread: update -------------------------------------------------
 
   def _learner_loop(self) -> None:
-    self._state = learner_loop(self.ctx, self._state, self.queue, self._stages, concat_batches, self._published)
+    self._state = learner_loop(self.ctx, self._state, self.queue, self._stages, concat_segment_batches,
+                               self._published)
 
   def _published(self, state) -> None:
     """New params are in the store: admit more batches and wake groups waiting for room."""

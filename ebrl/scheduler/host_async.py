@@ -53,7 +53,7 @@ from ebrl.scheduler.context import Knobs, RunContext, Scheduler, UpdateReport
 from ebrl.scheduler.loop_threads import POLL_S, LoopThreads, learner_loop
 from ebrl.trajectories.queue import TrajectoryQueue
 from ebrl.types import SegmentBatch, TrainState
-from sim_adapters.base import StepBatch, concat_batches, concat_sorted
+from sim_adapters.base import StepBatch, concat_step_batches, concat_sorted
 
 _WAKE = ("wake", None)
 
@@ -75,7 +75,7 @@ def _rows(b: StepBatch, idx: np.ndarray) -> dict[str, np.ndarray]:
   return {k: v[idx] for k, v in b.obs.items()}
 
 
-class EbrlScheduler(Scheduler):
+class HostAsyncScheduler(Scheduler):
   # Training runs beside the rollout (only the staleness bound couples them), so the
   # rollout rate is the e2e rate.
   overlaps_training = True
@@ -297,7 +297,7 @@ class EbrlScheduler(Scheduler):
     """Closes the transitions of the ready rows, starts segments within the staleness bound (the
     rest are parked), generates for the served rows and puts each group's reply on its queue."""
     ctx = self.ctx
-    merged = concat_batches([self.groups.to_global(g, b) for g, b in items])
+    merged = concat_step_batches([self.groups.to_global(g, b) for g, b in items])
     gids = merged.env_ids
     closed = self.assembler.pending[gids]
     ctx.tracker.observe(merged)

@@ -76,7 +76,7 @@ def validate(cfg) -> None:
   if cfg.scheduler not in SCHEDULERS:
     raise UserError(f"unknown scheduler '{cfg.scheduler}'; valid: {', '.join(SCHEDULERS)}")
   device = is_device_env(cfg.env.name)
-  _task_list(cfg.env.name)
+  _task_list(cfg.env.name)  # A bad task list is a UserError here; `translate` keeps the tasks.
   if device and cfg.scheduler not in DEVICE_SCHEDULERS:
     raise UserError(f"scheduler '{cfg.scheduler}' cannot drive device env '{cfg.env.name}'; "
                     f"valid: {', '.join(DEVICE_SCHEDULERS)}")
@@ -124,7 +124,6 @@ def validate(cfg) -> None:
   if cfg.scheduler == "pipelined":
     _integer_at_least("pipelined.num_partitions", cfg.pipelined.num_partitions, 1)
   _check_chunks(cfg, device)
-  _integer_at_least("env.num_threads", cfg.env.num_threads, 0, " (0 = one per usable core)")
   _check_run(cfg)
   _check_env(cfg)
   _check_resources(cfg, device)

@@ -200,7 +200,7 @@ class _Window:
     us_per_step = (cpu1 - cpu0) * 1e6 / max(steps, 1)
     return {"env_steps": steps, "window_s": wall, "e2e_env_steps_per_s": steps / wall,
             "rollout_env_steps_per_s": steps / max(wall * (1.0 - busy["train"]), 1e-9),
-            "stage_busy": busy, "staleness_mean": trainer.staleness_mean(), "probe_s": self.probe_s,
+            "stage_busy": busy, "staleness_mean": trainer.recorder.staleness_mean(), "probe_s": self.probe_s,
             "cpu_cores_used": cores, "cpu_us_per_env_step": us_per_step, "steal_s": steal1 - steal0,
             "work_conserving_env_steps_per_s": len(os.sched_getaffinity(0)) * 1e6 / max(us_per_step, 1e-9)}
 

@@ -169,8 +169,8 @@ def test_staleness_bound_over_random_timings(tmp_path_factory, eta, seed, slow_l
       learner_s=0.02 if slow_learner else 0.0)
   assert len(taken) == 8
   _check_staleness(taken, seen, eta)
-  assert trainer.force_started == scheduler.queue.forced
-  assert trainer.stale_dropped == sum(int(m["stale_dropped"]) for m in seen)
+  assert trainer.recorder.force_started == scheduler.queue.forced
+  assert trainer.recorder.stale_dropped == sum(int(m["stale_dropped"]) for m in seen)
 
 
 @pytest.mark.parametrize("eta", [1, 2])
@@ -179,8 +179,8 @@ def test_a_slow_learner_parks_envs_without_forcing_any(tmp_path, eta):
   scheduler, trainer, taken, seen = _ebrl_with_fake_envs(
       tmp_path, eta=eta, group_envs=8, recv_batch=4, step_s=0.001, seed=1, updates=6, learner_s=0.05, jitter=0.0)
   _check_staleness(taken, seen, eta)
-  assert scheduler.queue.forced == 0 and trainer.force_started == 0
-  assert trainer.stale_dropped == 0
+  assert scheduler.queue.forced == 0 and trainer.recorder.force_started == 0
+  assert trainer.recorder.stale_dropped == 0
   summary = json.loads((tmp_path / "summary.json").read_text())
   assert summary["force_started"] == 0 and summary["stale_dropped"] == 0
 
@@ -360,7 +360,7 @@ def test_mt10_receiver_error_ends_an_ebrl_run(tmp_path):
   def flaky():
     # After the first update: a stop waits for a step in progress, and a first compile on a loaded
     # machine (a parallel suite) can take longer than the 10 s this test allows the stop itself.
-    if len(failed_at) or (sub.calls > 20 and trainer.updates_done >= 1):
+    if len(failed_at) or (sub.calls > 20 and trainer.recorder.updates_done >= 1):
       failed_at.append(time.time())
       raise ValueError("simulated EnvPool failure")
     sub.calls += 1

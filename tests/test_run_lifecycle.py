@@ -22,6 +22,7 @@ import pytest
 from ebrl.checkpointing import Checkpointer
 from ebrl.errors import UserError
 from ebrl.learner import learning_rate_schedule
+from ebrl.recorder import RunRecorder
 from ebrl.trainer import Trainer
 from launch.configs import default
 
@@ -176,13 +177,13 @@ def test_a_resumed_launch_draws_fresh_reproducible_initial_states(finished, tmp_
 def test_best_success_of_zero_survives_resume(finished, tmp_path):
   workdir = copy_of(finished[0], tmp_path)
   trainer = Trainer(tiny(256, resume=True), str(workdir), progress=False)
-  trainer.best_success_rate = 0.0
+  trainer.recorder.best_success_rate = 0.0
   trainer.tracker.env_steps = 200
   trainer.checkpoint()
   trainer.checkpointer.close()
   trainer.envs.close()
   again = Trainer(tiny(256, resume=True), str(workdir), progress=False)
-  assert again.env_steps == 200 and again.best_success_rate == 0.0
+  assert again.env_steps == 200 and again.recorder.best_success_rate == 0.0
   again.envs.close()
 
 
@@ -192,7 +193,7 @@ def test_checkpoint_reads_env_steps_once(finished, tmp_path):
   workdir = copy_of(finished[0], tmp_path)
   trainer = Trainer(tiny(256, resume=True), str(workdir), progress=False)
 
-  class Moving(Trainer):
+  class Moving(RunRecorder):
     reads = 0
 
     @property
@@ -204,7 +205,7 @@ def test_checkpoint_reads_env_steps_once(finished, tmp_path):
     def env_steps(self, value):
       pass
 
-  trainer.__class__ = Moving
+  trainer.recorder.__class__ = Moving
   trainer.checkpoint()
   trainer.checkpointer.close()
   trainer.envs.close()

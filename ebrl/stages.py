@@ -1,4 +1,5 @@
-"""A run's stages, built from its spec: the builder half of a run (ebrl/trainer.py records it).
+"""A run's stages, built from its spec: the builder part of a run (ebrl/recorder.py records it,
+ebrl/trainer.py drives it).
 
 `build(run, devices, env_seed, hold, say)` makes, in order: the resource manager
 and the overlap probe where the run is placed (`resources != off`), the layout

@@ -325,17 +325,23 @@ def test_a_learner_process_killed_mid_run_ends_the_run_within_10_s_and_releases_
   """Through the Python API, as a notebook runs it: the error names the dead child, and every
   resource of the run is released (the autouse fixture: no process, no /dev/shm block)."""
   import ebrl  # pylint: disable=g-import-not-at-top
+  from ebrl.recorder import RunRecorder  # pylint: disable=g-import-not-at-top
   from ebrl.trainer import Trainer  # pylint: disable=g-import-not-at-top
 
-  killed_at, record = [], Trainer.record
+  killed_at, record, run, trainers = [], RunRecorder.record, Trainer.run, []
+
+  def run_and_keep(self, *args, **kwargs):
+    trainers.append(self)
+    return run(self, *args, **kwargs)
 
   def kill_once(self, report):
     record(self, report)
     if not killed_at and int(report.state.version) >= 3:
-      os.kill(self.learner.pid, signal.SIGKILL)
+      os.kill(trainers[0].learner.pid, signal.SIGKILL)
       killed_at.append(time.time())
 
-  monkeypatch.setattr(Trainer, "record", kill_once)
+  monkeypatch.setattr(Trainer, "run", run_and_keep)
+  monkeypatch.setattr(RunRecorder, "record", kill_once)
   with pytest.raises(StageProcessError, match=r"learner process \(pid \d+\) was killed by SIGKILL"):
     ebrl.train(_run_config(10**9), str(tmp_path / "run"), progress=False, log=lambda m: None)
   assert time.time() - killed_at[0] < 10
@@ -409,14 +415,23 @@ def test_a_dev_shm_too_small_for_the_learner_process_is_one_line_before_anything
   assert summary["env_steps"] >= 64
 
 
-def _spawned() -> set[int]:
-  """Pids of live processes started by multiprocessing's spawn (anyone's)."""
+def _spawned(run: str | None = None) -> set[int]:
+  """Pids of live processes started by multiprocessing's spawn: anyone's, or those of the run in
+  directory `run` (tests/interrupt.py tags its environment; other tests run in parallel)."""
+  from interrupt import RUN_TAG  # pylint: disable=g-import-not-at-top
+
+  tag = None if run is None else f"{RUN_TAG}={run}".encode()
   out = set()
   for pid in os.listdir("/proc"):
     try:
       with open(f"/proc/{pid}/cmdline", "rb") as f:
-        if b"multiprocessing.spawn" in f.read():
-          out.add(int(pid))
+        if b"multiprocessing.spawn" not in f.read():
+          continue
+      if tag is not None:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+          if tag not in f.read().split(b"\0"):
+            continue
+      out.add(int(pid))
     except (OSError, ValueError):
       continue
   return out
@@ -426,7 +441,7 @@ PROCESS_RUN = ["--config.scheduler=ebrl", "--config.placement=processes", "--con
                "--config.rollout_length=8", "--config.policy.hidden=(16,16)", "--config.algorithm.num_minibatches=2"]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [pytest.param(signal.SIGINT, marks=pytest.mark.slow), signal.SIGTERM])  # One signal by default.
 def test_a_signal_to_the_process_group_stops_a_learner_process_run_cleanly_and_it_resumes(tmp_path, sig):
   """Ctrl-C in a terminal, `timeout`, SLURM's scancel and preemption signal the whole group, the
   learner process included: the run still stops after its update with a checkpoint and
@@ -438,18 +453,22 @@ def test_a_signal_to_the_process_group_stops_a_learner_process_run_cleanly_and_i
 
   from interrupt import ROOT, interrupt_run  # pylint: disable=g-import-not-at-top
 
-  before, out, blocks_before = _spawned(), [], set(shm.leftover_blocks())
+  run = str(tmp_path / "run")
+  before, out, blocks_before = _spawned(run), [], set(shm.leftover_blocks())
   # Each update takes the child 0.3 s longer: the signal finds one in flight, as it would a real run.
-  slow = ("import functools\nfrom ebrl import learner_process, trainer\ntrainer.LearnerProcessSpec = "
+  slow = ("import functools\nfrom ebrl import learner_process, stages\nstages.LearnerProcessSpec = "
           "functools.partial(learner_process.LearnerProcessSpec, delay_s=(0.3, 0.3))")
   summary = interrupt_run(tmp_path / "run", PROCESS_RUN, sig=sig, output=out, preamble=slow)
   assert summary["policy_version"] > 0
   assert "killed by" not in out[0] and "Traceback" not in out[0], out[0]
   deadline = time.time() + 10
-  while _spawned() - before and time.time() < deadline:
+  while _spawned(run) - before and time.time() < deadline:
     time.sleep(0.1)
-  assert _spawned() - before == set()
-  assert set(shm.leftover_blocks()) - blocks_before == set(), "a shared-memory block outlived its run"
+  assert _spawned(run) - before == set()
+  # Blocks of live owners are other tests' (the suite runs in parallel); every process of this run has exited.
+  left = {b for b in set(shm.leftover_blocks()) - blocks_before
+          if not os.path.exists(f"/proc/{b[len(shm.PREFIX):].split('_', 1)[0]}")}
+  assert left == set(), "a shared-memory block outlived its run"
   if sig == signal.SIGINT:
     return
   steps = summary["env_steps"]

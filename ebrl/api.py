@@ -129,11 +129,13 @@ def train(config: ml_collections.ConfigDict | Mapping | None = None, workdir: st
   from ebrl import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   from ebrl.resources import gpu_sharing  # pylint: disable=g-import-not-at-top
   from ebrl.validation import resolve  # pylint: disable=g-import-not-at-top
-  from ebrl.trainer import Trainer  # pylint: disable=g-import-not-at-top
 
   # The config and the workdir first: nothing is started (no MPS daemon, no JAX backend) for a
-  # request that cannot run. The checks that need the device count follow in the Trainer.
+  # request that cannot run, and the training stack is imported only for one that can (a mistake
+  # is told in a second, not after the seconds JAX, MuJoCo and the plots take to import). The
+  # checks that need the device count follow in the Trainer.
   run = resolve(cfg)
+  from ebrl.trainer import Trainer  # pylint: disable=g-import-not-at-top
   workdir = os.path.abspath(workdir or default_workdir(cfg))
   workdir_lib.prepare(workdir, run.config, run.outputs.resume)
   runtime.limit_xla_threads()  # No effect once JAX has started (a notebook that used it already).

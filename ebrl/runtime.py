@@ -13,7 +13,8 @@ def enable_compilation_cache() -> None:
 
   path = os.environ.get("EBRL_JAX_CACHE", os.path.expanduser("~/.cache/ebrl/jax"))
   jax.config.update("jax_compilation_cache_dir", path)
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+  if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:  # JAX's own variable wins.
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
 def limit_xla_threads(small_machine_cores: int = 4) -> None:

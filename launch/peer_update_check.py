@@ -18,7 +18,7 @@ more update. Here the same weights and Adam moments go into EBRL's policy and op
 Differences are float32 rounding (<= 1e-5) if the two updates are the same computation. What
 this leaves out is how the runs themselves collect data: how observations are normalised while
 acting (VecNormalize counts every step; EBRL does so under `algorithm.obs_norm_update=every_step`,
-checked in tests/test_step_normalizer.py), EnvPool's reset step and the random numbers.
+checked in tests/algorithms/test_step_normalizer.py), EnvPool's reset step and the random numbers.
 """
 
 from __future__ import annotations

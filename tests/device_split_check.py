@@ -1,6 +1,6 @@
 """Runs generation and an update under every stage placement on 4 CPU devices, saving the results.
 
-Used by tests/test_device_split.py, which runs it in a fresh process with
+Used by tests/learner/test_device_split.py, which runs it in a fresh process with
 XLA_FLAGS=--xla_force_host_platform_device_count=4 (JAX fixes the device count
 at start-up). For each placement of config.devices (unsplit, 1+3, 2+2, shared)
 it builds the learner over its training devices and the sampler over its

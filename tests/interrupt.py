@@ -13,6 +13,11 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+# In the environment of the run and every process it starts: tests running in parallel tell their
+# run's processes from another test's by it (/proc/<pid>/environ).
+RUN_TAG = "EBRL_TEST_RUN"
+
+
 def interrupt_run(workdir, config_args: list[str], sig: int = signal.SIGINT, output: list | None = None,
                   preamble: str = "") -> dict:
   """Starts `launch.train` in a process group of its own, sends `sig` to the whole group once the
@@ -28,7 +33,7 @@ def interrupt_run(workdir, config_args: list[str], sig: int = signal.SIGINT, out
   # Python leaves SIGINT ignored when its parent ignored it (background jobs): re-arm it in the child.
   boot = (f"{preamble}\nimport runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
           f"sys.argv = {args!r}; runpy.run_module('launch.train', run_name='__main__')")
-  proc = subprocess.Popen([sys.executable, "-c", boot], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT},
+  proc = subprocess.Popen([sys.executable, "-c", boot], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT, RUN_TAG: str(workdir)},
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
   try:
     deadline = time.time() + 120

@@ -1,6 +1,6 @@
 """Runs two learner updates on every local device and saves the resulting params.
 
-Used by tests/test_learner.py::test_update_same_on_1_and_4_devices, which runs
+Used by tests/learner/test_learner.py::test_update_same_on_1_and_4_devices, which runs
 this script twice in fresh processes (JAX fixes the device count at start-up):
 once with XLA_FLAGS=--xla_force_host_platform_device_count=4 and once without.
 

@@ -1,6 +1,6 @@
 """Runs a fused device rollout with the envs sharded over every local device; saves the trajectory.
 
-Used by tests/test_mjx_sharding.py, which runs this script in fresh processes
+Used by tests/sim_adapters/test_mjx_sharding.py, which runs this script in fresh processes
 (JAX fixes the device count at start-up): once with
 XLA_FLAGS=--xla_force_host_platform_device_count=4 and once without.
 

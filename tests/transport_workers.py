@@ -1,4 +1,4 @@
-"""Child-process bodies for tests/test_transport.py (spawned: imported by name in the child)."""
+"""Child-process bodies for tests/learner/test_transport.py (spawned: imported by name in the child)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ Why generated: a hand-kept BUILD file drifts from the imports it mirrors, and
 a missing dep shows only inside a Bazel build, long after the change that
 caused it. Here every module is a `py_library` whose deps are exactly what it
 imports, functions included (a lazy import is still needed at run time);
-tests/test_bazel_files.py fails the default suite whenever a BUILD file
+tests/project/test_bazel_files.py fails the default suite whenever a BUILD file
 differs from what this script writes.
 
 Targets, per package directory:
@@ -61,7 +61,7 @@ DATA = {
 # (under Bazel, sys.executable is the bare interpreter, so tests that start `python -m launch.*`
 # run under pytest only). Each must pass inside Bazel's sandbox as it does under pytest. None
 # needs the device simulators (MJX, Playground, Brax, MuJoCo Warp: about 1 GB of wheels), so
-# the suite fetches only the host-simulator stack; tests/test_notebook.py needs `ebrl`'s whole
+# the suite fetches only the host-simulator stack; tests/cli_api/test_notebook.py needs `ebrl`'s whole
 # API and runs under pytest.
 FAST_TESTS = (
     "test_algorithms", "test_offpolicy_reference", "test_planner", "test_trace", "test_episodes",
@@ -88,10 +88,19 @@ def _module_files() -> dict[str, str]:
           dotted = rel[:-3].replace(os.sep, ".")
           out[dotted[:-len(".__init__")] if dotted.endswith(".__init__") else dotted] = rel
   for directory in SCRIPT_DIRS:
-    for name in sorted(os.listdir(os.path.join(ROOT, directory))):
-      if name.endswith(".py"):
-        out[name[:-3]] = os.path.join(directory, name)
+    for dirpath, dirs, files in os.walk(os.path.join(ROOT, directory)):
+      dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__")))
+      for name in sorted(files):
+        if name.endswith(".py"):
+          out[name[:-3]] = os.path.relpath(os.path.join(dirpath, name), ROOT)
   return out
+
+
+def build_dir(rel: str) -> str:
+  """The directory whose BUILD file has `rel`'s target: its own, or the script directory above it
+  (tests/<component>/test_*.py are tests/BUILD's; pytest finds them by file, not as packages)."""
+  top = rel.split(os.sep, 1)[0]
+  return top if top in SCRIPT_DIRS else os.path.dirname(rel)
 
 
 def _imports(module: str, rel: str, top_level_only: bool) -> list[tuple[str, bool]]:
@@ -134,7 +143,7 @@ class Graph:
   def label(self, module: str, api: bool = False) -> str:
     """Label of a module (or of a package: its API target, or its `init` when api is False)."""
     rel = self.files[module]
-    directory = os.path.dirname(rel)
+    directory = build_dir(rel)
     if module in self.packages:
       return f"//{directory}" + ("" if api else ":init")
     stem = os.path.basename(rel)[:-3]
@@ -202,7 +211,7 @@ def _dep_list(graph: Graph, directory: str, labels: set[str], pip: set[str]) -> 
 
 def _package_build(graph: Graph, directory: str) -> str:
   """BUILD text for one package directory (or one of SCRIPT_DIRS)."""
-  modules = sorted(m for m, rel in graph.files.items() if os.path.dirname(rel) == directory)
+  modules = sorted(m for m, rel in graph.files.items() if build_dir(rel) == directory)
   rules = [] if directory in SCRIPT_DIRS else _init_rules(graph, directory, modules)
   package = next((m for m in modules if m in graph.packages), None)
   init_time_local = set() if package is None else _init_time_local(graph, directory, modules)
@@ -212,6 +221,7 @@ def _package_build(graph: Graph, directory: str) -> str:
       continue
     rel = graph.files[module]
     stem = os.path.basename(rel)[:-3]
+    src = os.path.relpath(rel, directory)  # tests/<component>/test_x.py: "<component>/test_x.py".
     labels, pip = graph.deps(module)
     if package is not None:
       labels.add(graph.label(package))
@@ -223,19 +233,19 @@ def _package_build(graph: Graph, directory: str) -> str:
     data = DATA.get(rel)
     data = [f'"{d}"' for d in data] if data else None
     if graph.is_entry(module):
-      rules.append(_rule("py_library", name=f'"{stem}_lib"', srcs=f'["{stem}.py"]', data=data, deps=deps))
-      rules.append(_rule("py_binary", name=f'"{stem}"', srcs=f'["{stem}.py"]', main=f'"{stem}.py"',
+      rules.append(_rule("py_library", name=f'"{stem}_lib"', srcs=f'["{src}"]', data=data, deps=deps))
+      rules.append(_rule("py_binary", name=f'"{stem}"', srcs=f'["{src}"]', main=f'"{src}"',
                          legacy_create_init="False", deps=[f'":{stem}_lib"']))
     elif directory == "tests" and stem.startswith("test_"):
       if graph.label(module) in imported:  # Another test imports its helpers.
-        rules.append(_rule("py_library", name=f'"{stem}_lib"', srcs=f'["{stem}.py"]', deps=deps))
+        rules.append(_rule("py_library", name=f'"{stem}_lib"', srcs=f'["{src}"]', deps=deps))
       if stem in FAST_TESTS:
         data = ['"//:pyproject.toml"'] + [f'"{d}"' for d in TEST_DATA.get(stem, ())]
-        rules.append(_rule("py_test", name=f'"{stem}"', size='"medium"', srcs=f'["{stem}.py", "bazel_pytest.py"]',
-                           main='"bazel_pytest.py"', args=f'["tests/{stem}.py"]', legacy_create_init="False",
+        rules.append(_rule("py_test", name=f'"{stem}"', size='"medium"', srcs=f'["{src}", "bazel_pytest.py"]',
+                           main='"bazel_pytest.py"', args=f'["tests/{src}"]', legacy_create_init="False",
                            data=data, deps=sorted(set(deps) | {'":conftest"', 'requirement("pytest")'})))
     else:
-      rules.append(_rule("py_library", name=f'"{stem}"', srcs=f'["{stem}.py"]', data=data, deps=deps))
+      rules.append(_rule("py_library", name=f'"{stem}"', srcs=f'["{src}"]', data=data, deps=deps))
   if directory == "tests":
     rules.append(_rule("test_suite", name='"fast"', tests=[f'":{t}"' for t in FAST_TESTS]))
   extra = ""
@@ -246,10 +256,10 @@ def _package_build(graph: Graph, directory: str) -> str:
   if directory == "third_party":  # The lock file WORKSPACE's pip_parse reads.
     extra = 'exports_files(["requirements_lock.txt"])\n\n'
   head = ('# Generated by third_party/bazel_targets.py from the imports of this directory\'s modules;\n'
-          '# run it after changing an import (tests/test_bazel_files.py checks).\n\n'
+          '# run it after changing an import (tests/project/test_bazel_files.py checks).\n\n'
           'load("@pip//:requirements.bzl", "requirement")\n\n'
           'package(default_visibility = ["//visibility:public"])\n\n'
-          'filegroup(\n    name = "srcs",\n    srcs = glob(["*.py"]),\n)\n\n')
+          'filegroup(\n    name = "srcs",\n    srcs = glob([%s]),\n)\n\n' % ('"**/*.py"' if directory == "tests" else '"*.py"'))
   return head + extra + "\n".join(rules)
 
 
@@ -302,7 +312,7 @@ def build_files() -> dict[str, str]:
   """Path relative to ROOT -> the BUILD file's text, for every package directory."""
   graph = Graph()
   dirs = sorted({os.path.dirname(graph.files[p]) for p in graph.packages} | set(SCRIPT_DIRS))
-  for d in sorted({os.path.dirname(rel) for rel in graph.files.values()} - set(dirs)):
+  for d in sorted({build_dir(rel) for rel in graph.files.values()} - set(dirs)):
     raise SystemExit(f"{d}/ has Python files but no __init__.py; add one so it is a package")
   return {os.path.join(d, "BUILD"): _package_build(graph, d) for d in dirs}
 

@@ -3,7 +3,7 @@
 # ones included (rules_python's pip_parse installs exactly these and resolves nothing itself).
 # It installs requirements.txt and the test runner's packages into a throwaway virtual environment
 # and records what pip resolved. Run it after changing a pin in requirements.txt or
-# requirements-test.txt; tests/test_bazel_files.py fails while the two disagree.
+# requirements-test.txt; tests/project/test_bazel_files.py fails while the two disagree.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="$(mktemp -d)/lock-venv"

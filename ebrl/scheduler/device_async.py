@@ -27,7 +27,7 @@ learner publishes params before it raises the queue's version), so its
 behaviour version is >= V and its lag floor(n / k) - V <= eta: the bound holds
 by construction and nothing is masked. All groups step the same sim at the same batch size, so ordering costs
 no straggler wait. With eta = 0 every batch comes from the params the update
-starts from: exactly sync PPO on the same data (tests/test_mjx_async.py).
+starts from: exactly sync PPO on the same data (tests/schedulers/test_mjx_async.py).
 
 Truncated episodes: the collect records gamma * V(final_obs) for a truncated
 step (SegmentBatch.bootstrap, added to its scaled reward by the learner) and

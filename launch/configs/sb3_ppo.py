@@ -25,7 +25,7 @@ whatever the default becomes, and the third, which only this preset sets:
   the timings against each other.
 
 What is left between the two runs is the random numbers (initialisation, action noise, minibatch
-order) and EnvPool's reset row, which EBRL masks out of the update (tests/test_autoreset_equivalence.py).
+order) and EnvPool's reset row, which EBRL masks out of the update (tests/sim_adapters/test_autoreset_equivalence.py).
 """
 
 from ebrl import defaults

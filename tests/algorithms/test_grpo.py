@@ -16,7 +16,7 @@ from ebrl.learner import Learner, LearnerConfig
 from ebrl.types import SegmentBatch
 from policies.mlp import MLPPolicy
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from learner_device_check import N, make_rollout, make_spec  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
 

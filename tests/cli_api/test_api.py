@@ -16,7 +16,7 @@ import pytest
 
 import ebrl
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = {"num_envs": 8, "rollout_length": 16, "algorithm.num_minibatches": 2, "algorithm.epochs": 1,
         "total_env_steps": 256, "policy.hidden": (16, 16)}
 

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NUM_ENVS, ROLLOUT, WARMUP = 8, 8, 2
 TINY = [f"--num_envs={NUM_ENVS}", "--seconds=1", f"--warmup_updates={WARMUP}", f"--config.rollout_length={ROLLOUT}",
         "--config.policy.hidden=(16,16)", "--config.algorithm.epochs=1", "--config.algorithm.num_minibatches=2"]
@@ -123,6 +123,7 @@ def test_bench_runs_schedulers_side_by_side_and_writes_the_contract(tmp_path):
     assert row.split()[-2:] == [str(r["force_started"]), str(r["stale_dropped"])], row
 
 
+@pytest.mark.slow  # StragglerAdapter is tested alone in test_straggler.py; this adds a bench run around it.
 def test_bench_with_stragglers_records_them(tmp_path):
   run = BenchRun(tmp_path, "--env=MetaWorld/MT10", "--num_envs=10", "--schedulers=sync",
                  "--straggler_fraction=0.2", "--straggler_slowdown=3")
@@ -166,6 +167,7 @@ def test_bench_resource_modes_report_ratio_prediction_and_bound(tmp_path):
   assert "auto_over_naive" in run.stdout and "work-conserving bound" in run.stdout
 
 
+@pytest.mark.slow  # A learner process per entry; learner-process runs are tested in test_learner_process.py.
 def test_bench_placements_compare_a_learner_process_with_learner_threads(tmp_path):
   """Each placement is its own entry; the learner process's CPU is counted in the entry's figures."""
   run = BenchRun(tmp_path, "--env=MetaWorld/Reach-v3", "--schedulers=sync,ebrl", "--placements=threads,processes",
@@ -182,6 +184,7 @@ def test_bench_placements_compare_a_learner_process_with_learner_threads(tmp_pat
   assert "processes_over_threads" in run.stdout
 
 
+@pytest.mark.slow  # Several bench entries per round; one round side by side runs by default.
 def test_bench_rounds_interleave_entries_and_combine_them(tmp_path):
   """Two rounds of sync and random: each entry's rate is its steps over its windows, every round's
   own rate and ratio are kept, and each round's run has a directory of its own."""

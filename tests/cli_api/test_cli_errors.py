@@ -1,14 +1,22 @@
-"""Every user mistake gets one line on stderr and exit code 2, before any compile."""
+"""Every user mistake gets one line on stderr and exit code 2, before any compile.
+
+Each case runs `python -m launch.train` in a fork of one process that has
+imported the training stack (tests/cli_forkserver.py: the seconds a fresh
+interpreter spends importing JAX are spent once, not per case); a few run in a
+fresh interpreter too, as a user starts it.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import select
 import subprocess
 import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 CASES = {
     "unknown_env": (["--config.env.name=MetaWorld/Reach-v2"], "MetaWorld/Reach-v3"),
@@ -125,15 +133,59 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_bad_input_is_one_line_exit_2(case, tmp_path):
-  args, expected = CASES[case]
-  expected = (expected,) if isinstance(expected, str) else expected
-  if not any(a.startswith("--workdir") for a in args):
-    args = args + [f"--workdir={tmp_path / 'run'}"]
+# One of each kind of mistake also in a fresh interpreter: a flag the parser rejects, a config value,
+# an env the Trainer cannot build a policy for.
+FRESH = ("unknown_config_key", "negative_steps", "discrete_action_env")
+
+
+class ForkServer:
+  """tests/cli_forkserver.py, started once for this file."""
+
+  def __init__(self):
+    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
+    self.proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "cli_forkserver.py")], cwd=ROOT,
+                                 env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert json.loads(self._line(120)) == {"ready": True}
+
+  def _line(self, timeout: float) -> str:
+    ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+    assert ready, "the CLI fork server did not answer in time"
+    line = self.proc.stdout.readline()
+    assert line, "the CLI fork server exited"
+    return line
+
+  def run(self, module: str, args: list[str], tmp_path) -> subprocess.CompletedProcess:
+    out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    self.proc.stdin.write(json.dumps({"module": module, "args": args, "cwd": ROOT, "out": str(out),
+                                      "err": str(err)}) + "\n")
+    self.proc.stdin.flush()
+    rc = json.loads(self._line(120))["rc"]
+    return subprocess.CompletedProcess(args, rc, out.read_text(), err.read_text())
+
+  def close(self):
+    self.proc.stdin.close()
+    try:
+      self.proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+      self.proc.kill()
+      self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def forks():
+  server = ForkServer()
+  yield server
+  server.close()
+
+
+def _fresh(args: list[str]) -> subprocess.CompletedProcess:
   env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
-  proc = subprocess.run([sys.executable, "-m", "launch.train", "--progress=false", *args], cwd=ROOT, env=env,
+  return subprocess.run([sys.executable, "-m", "launch.train", *args], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=120)
+
+
+def _check(proc: subprocess.CompletedProcess, expected, tmp_path) -> None:
+  expected = (expected,) if isinstance(expected, str) else expected
   assert proc.returncode == 2, proc.stderr[-2000:]
   lines = [l for l in proc.stderr.splitlines() if l.strip()]
   assert len(lines) == 1, proc.stderr
@@ -143,3 +195,27 @@ def test_bad_input_is_one_line_exit_2(case, tmp_path):
   assert "Traceback" not in proc.stderr + proc.stdout
   # Nothing was trained: no checkpoint was written.
   assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def _args(case: str, tmp_path) -> list[str]:
+  args = CASES[case][0]
+  if not any(a.startswith("--workdir") for a in args):
+    args = args + [f"--workdir={tmp_path / 'run'}"]
+  return ["--progress=false", *args]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_input_is_one_line_exit_2(case, tmp_path, forks):
+  _check(forks.run("launch.train", _args(case, tmp_path), tmp_path), CASES[case][1], tmp_path)
+
+
+@pytest.mark.parametrize("case", FRESH)
+def test_bad_input_is_one_line_exit_2_from_a_fresh_interpreter(case, tmp_path):
+  _check(_fresh(_args(case, tmp_path)), CASES[case][1], tmp_path)
+
+
+def test_the_fork_server_reports_a_good_run_and_a_crash(tmp_path, forks):
+  """The harness cannot pass a case by accident: exit 0 for --help, a traceback's exit 1 stays 1."""
+  assert forks.run("launch.train", ["--help"], tmp_path).returncode == 0
+  crash = forks.run("json.tool", ["/nonexistent/file.json"], tmp_path)
+  assert crash.returncode != 0 and crash.stderr

@@ -2,7 +2,7 @@
 
 The messages name a value as the Python API's parameter of the same name
 (`seconds=nan ...`), so ebrl.bench / ebrl.profile / ebrl.evaluate raise the
-very line the CLI prints (tests/test_api.py compares the two).
+very line the CLI prints (tests/cli_api/test_api.py compares the two).
 
 A bad --seconds or --warmup_updates used to hang (the timed window never
 opened or closed) and an unwritable --out failed only after every run; each
@@ -20,7 +20,7 @@ import pytest
 from ebrl.errors import UserError
 from launch import common
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 UNWRITABLE = "/proc/ebrl-nope"  # No directory can be made under /proc, not even by root.
 
 BENCH = {

@@ -14,7 +14,7 @@ import pytest
 
 from launch import learning_bench as lb
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_episode_windows_start_at_a_full_window_and_slide():

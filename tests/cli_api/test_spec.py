@@ -14,7 +14,7 @@ from ebrl.errors import UserError
 from ebrl.spec import derive_layout, translate
 from ebrl.validation import check_devices, resolve
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Where each config key lives in the spec when its path differs from the config's.
 RENAMED = {"ebrl.": "async_.", "pipelined.num_partitions": "num_partitions", "placement": "learner_placement",

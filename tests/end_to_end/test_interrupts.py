@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = ["--config.scheduler=ebrl", "--config.num_envs=8", "--config.rollout_length=8",
         "--config.policy.hidden=(16,16)", "--config.algorithm.num_minibatches=2", "--config.algorithm.epochs=1"]
 # Python leaves SIGINT ignored when its parent ignored it (background jobs): re-arm it in the child.
@@ -138,6 +138,7 @@ def test_a_second_signal_under_previous_waits_for_a_write_in_progress():
   assert signal.getsignal(signal.SIGINT) is before
 
 
+@pytest.mark.slow  # A calibration child first; signals to the group are tested on a learner-process run by default.
 def test_sigterm_to_the_group_during_the_stage_calibration_still_stops_cleanly(tmp_path):
   """resources=auto calibrates in a process of its own while the run is built. A SIGTERM to the
   group then (`timeout` on a long job, preemption) reaches the calibration too: it is the run's to

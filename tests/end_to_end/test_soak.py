@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY_TRAIN = ("--config.rollout_length=8 --config.policy.hidden=(16,16) --config.algorithm.epochs=1 "
               "--config.algorithm.num_minibatches=2 --config.log_every_s=0.5")
 
@@ -41,6 +41,7 @@ def _alive_in(workdir: str) -> list[int]:
   return alive
 
 
+@pytest.mark.slow  # A 45-second soak whose counts need the cores to itself.
 def test_short_soak_kills_resumes_and_reports(tmp_path):
   workdir, out = str(tmp_path / "run"), str(tmp_path / "soak.json")
   # --max_faults=1 ends the soak on its fault count, not on the clock: on a loaded machine (a parallel
@@ -76,6 +77,7 @@ def test_short_soak_kills_resumes_and_reports(tmp_path):
   assert f"resumes succeeded: {kills}/{kills}" in proc.stdout
 
 
+@pytest.mark.slow  # Minutes of launches; each fault alone is tested where it is handled.
 def test_a_fault_soak_injects_each_fault_and_counts_what_it_left(tmp_path):
   """--faults: each planned kill injects the next fault of a shuffled round (here every kind once),
   checks that the launch ended as that fault should end it, counts the processes and /dev/shm

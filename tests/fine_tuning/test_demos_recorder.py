@@ -25,7 +25,7 @@ from sim_adapters import make_adapter
 from sim_adapters.base import gather_all
 from sim_adapters.tasks import MT50
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TWO = "MetaWorld/MT:Reach-v3,Push-v3"
 
 

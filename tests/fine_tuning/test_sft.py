@@ -21,7 +21,7 @@ from ebrl.sft.train import SFTConfig, train
 from ebrl.validation import resolve
 from sim_adapters.base import EnvSpec, ObsSpec
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STATE, TASKS, A = 6, 2, 2
 _LOG_2PI = float(np.log(2 * np.pi))
 
@@ -347,6 +347,7 @@ def test_pretrained_params_warm_start_rl_bit_identically(reach_demos, tmp_path):
     trainer.envs.close()
 
 
+@pytest.mark.slow  # The slowest family through the CLI; the loss of each family is checked in-process by default.
 def test_cli_pretrains_a_chunked_autoregressive_vla(reach_demos, tmp_path):
   out = tmp_path / "sft"
   proc = _run_sft([f"--demos={reach_demos}", f"--out={out}", "--steps=20", "--batch_size=16", "--eval_every=10",

@@ -18,7 +18,7 @@ from ebrl.learner import Learner, LearnerConfig
 from policies.mlp import MLPPolicy
 from sim_adapters.base import EnvSpec, ObsSpec
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OBS_DIM, ACTION_DIM = 5, 2
 
 

@@ -21,7 +21,7 @@ import pytest
 from ebrl.errors import UserError
 from ebrl.resources import devices
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _cfg(gen="", train="", sim=""):
@@ -83,7 +83,7 @@ def test_validation_checks_divisibility_by_the_training_devices():
 
 def test_every_split_gives_the_same_actions_and_update(tmp_path):
   out = tmp_path / "split.npz"
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4 --xla_cpu_multi_thread_eigen=false", "JAX_PLATFORMS": "cpu",
+  env = {**os.environ, "XLA_FLAGS": os.environ["XLA_FLAGS"] + " --xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu",
          "PYTHONPATH": ROOT}
   proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "device_split_check.py"), str(out)],
                         env=env, capture_output=True, text=True, timeout=300)
@@ -103,7 +103,7 @@ def test_every_split_gives_the_same_actions_and_update(tmp_path):
 
 def test_a_run_trains_on_its_split(tmp_path):
   """The Trainer wires the placement: a 1 + 3 split on four CPU devices trains end to end."""
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4 --xla_cpu_multi_thread_eigen=false", "JAX_PLATFORMS": "cpu",
+  env = {**os.environ, "XLA_FLAGS": os.environ["XLA_FLAGS"] + " --xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu",
          "PYTHONPATH": ROOT}
   proc = subprocess.run([sys.executable, "-m", "launch.train", "--progress=false", "--config.num_envs=12",
                          "--config.rollout_length=8", "--config.total_env_steps=192", "--config.policy.hidden=(16,16)",

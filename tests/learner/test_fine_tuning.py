@@ -2,7 +2,7 @@
 start / final evaluation a fine-tuning run's summary.json reports.
 
 The penalty is checked against an independent computation: the reference loss of
-tests/test_learner.py plus k3 = exp(d) - d - 1 (d = reference log-prob - log-prob)
+tests/learner/test_learner.py plus k3 = exp(d) - d - 1 (d = reference log-prob - log-prob)
 written out here, differentiated by jax.grad and stepped by the NumPy Adam there; for
 the vla, whose token distributions are exact, the KL summed over every token's bins.
 """
@@ -35,7 +35,7 @@ from test_learner import CFG, N, OBS_DIM, ACTION_DIM, T, NumpyAdam, assert_tree_
     ref_gae, ref_loss, tiny_spec  # pylint: disable=g-bad-import-order
 from test_learner import _full_precision_matmuls  # pylint: disable=unused-import  # Autouse here too.
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
@@ -264,7 +264,7 @@ def test_exact_token_kl_is_the_categorical_kl_over_valid_samples():
   assert float(token_kl_to_reference(jnp.asarray(logp), jnp.asarray(logp), jnp.asarray(mask))) == 0.0
 
 
-@pytest.mark.parametrize("ratio_level", ["token", "decision"])
+@pytest.mark.parametrize("ratio_level", [pytest.param("token", marks=pytest.mark.slow), "decision"])  # Token ratios: test_token_ratios_update_matches_reference.
 def test_vla_segment_update_with_exact_kl_matches_reference(ratio_level):
   """update_segments on the vla with a KL penalty: one full-batch step on off-policy segments equals the
   hand-written loss stepped by NumPy's Adam: ratios (per token or per decision) against the params the

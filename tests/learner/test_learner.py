@@ -24,7 +24,7 @@ from ebrl.types import Rollout, SegmentBatch
 from policies.mlp import MLPPolicy
 from sim_adapters.base import EnvSpec, ObsSpec
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from learner_device_check import ACTION_DIM, N, OBS_DIM, T, make_rollout, make_spec  # pylint: disable=g-bad-import-order
 
 CFG = LearnerConfig(gamma=0.9, gae_lambda=0.8, epochs=1, num_minibatches=1, learning_rate=3e-3,
@@ -263,7 +263,7 @@ def test_update_same_on_1_and_4_devices(tmp_path):
   env = dict(os.environ)
   env["PYTHONPATH"] = os.pathsep.join([ROOT] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
   env["JAX_PLATFORMS"] = "cpu"
-  env["XLA_FLAGS"] = "--xla_cpu_multi_thread_eigen=false"  # As launches run on a machine of a few cores.
+  env["XLA_FLAGS"] = os.environ["XLA_FLAGS"]  # conftest: XLA on the calling thread, compile-fast passes.
   env4 = {**env, "XLA_FLAGS": env["XLA_FLAGS"] + " --xla_force_host_platform_device_count=4"}
   runs = {}
   outputs = {}

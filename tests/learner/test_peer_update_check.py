@@ -26,7 +26,7 @@ from launch import peer_update_check as check
 from policies import make_policy
 from sim_adapters.base import EnvSpec, ObsSpec
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 T, N, DIM, ACT = 8, 4, 5, 2
 
 

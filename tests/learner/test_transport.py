@@ -17,7 +17,7 @@ from ebrl.transport.param_slot import ParamSlot
 from ebrl.transport.segment_ring import SegmentRing
 
 SPAWN = mp.get_context("spawn")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FIELDS = {"obs": ((8, 3), np.float32), "actions": ((8, 2), np.float32), "done": ((8,), np.bool_)}
 
 

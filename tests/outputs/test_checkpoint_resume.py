@@ -4,7 +4,7 @@ Restored exactly: the train state (params, Adam moments, normaliser, learner
 key), the env-step and sampler-call counters (so action keys continue their
 sequence) and the episode window. Deliberately not replayed: the envs, whose
 resumed launch draws fresh initial states from a seed derived from the run seed
-and the env steps it resumes at (tests/test_run_lifecycle.py checks they differ
+and the env steps it resumes at (tests/outputs/test_run_lifecycle.py checks they differ
 from the first launch's and repeat for the same checkpoint).
 """
 

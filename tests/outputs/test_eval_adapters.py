@@ -21,7 +21,7 @@ from ebrl import evaluation
 from ebrl.errors import UserError
 from launch.configs.default import get_config
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
 EPISODE_STEPS = 10
 TINY = ["--progress=false", "--config.num_envs=4", "--config.rollout_length=8", "--config.total_env_steps=64",
@@ -76,6 +76,7 @@ def test_eval_needs_an_episode_per_task():
 
 
 @pytest.mark.egl
+@pytest.mark.slow  # Trains a pixel run first; the render stage and eval on pixels run by default elsewhere.
 def test_eval_of_a_render_stage_cnn_run(tmp_path):
   _train(tmp_path, "--config.policy.name=cnn", "--config.env.from_pixels=True", "--config.env.render_stage=True",
          "--config.env.render_size=32")

@@ -26,7 +26,7 @@ from ebrl.recorder import RunRecorder
 from ebrl.trainer import Trainer
 from launch.configs import default
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def tiny(total: int = 128, scheduler: str = "sync", resume: bool = False):

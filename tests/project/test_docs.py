@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGES = ("ebrl", "sim_adapters", "policies", "launch")
 
 

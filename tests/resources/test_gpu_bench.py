@@ -15,7 +15,7 @@ import pytest
 
 from launch import gpu_suite
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _flag_names(module: str) -> set[str]:

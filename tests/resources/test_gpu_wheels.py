@@ -95,7 +95,7 @@ def test_every_wheel_has_a_pin_and_the_set_is_named_once():
 ])
 def test_bad_input_is_one_line_before_any_download(tmp_path, args, message):
   proc = subprocess.run([sys.executable, "-m", "launch.gpu_wheels", f"--out={tmp_path / 'w'}", *args],
-                        capture_output=True, text=True, timeout=120, cwd=os.path.dirname(os.path.dirname(__file__)))
+                        capture_output=True, text=True, timeout=120, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
   assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
   assert not (tmp_path / "w").exists()
 
@@ -104,6 +104,6 @@ def test_a_used_out_directory_is_refused(tmp_path):
   (tmp_path / "w").mkdir()
   (tmp_path / "w" / "old.whl").write_bytes(b"x")
   proc = subprocess.run([sys.executable, "-m", "launch.gpu_wheels", f"--out={tmp_path / 'w'}"],
-                        capture_output=True, text=True, timeout=120, cwd=os.path.dirname(os.path.dirname(__file__)))
+                        capture_output=True, text=True, timeout=120, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
   assert proc.returncode == 2 and "is not empty" in proc.stderr
   assert os.listdir(tmp_path / "w") == ["old.whl"]

@@ -11,7 +11,7 @@ import pytest
 
 from ebrl.resources import mps
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Logs argv, the daemon env and (for the interactive client, no args) stdin.
 FAKE = """#!/bin/sh

@@ -105,7 +105,7 @@ def test_an_unguarded_script_is_not_run_again_by_the_calibration(tmp_path):
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
 
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   script = tmp_path / "unguarded.py"
   script.write_text(UNGUARDED)
   proc = subprocess.run([sys.executable, str(script)], cwd=str(tmp_path), env={**os.environ, "PYTHONPATH": root},
@@ -115,6 +115,7 @@ def test_an_unguarded_script_is_not_run_again_by_the_calibration(tmp_path):
   assert "CALIBRATION the stage calibration process failed (exit code 1)" in proc.stdout
 
 
+@pytest.mark.slow  # A second calibration child; the MLP one above runs by default.
 def test_a_flow_policy_with_chunks_is_profiled_with_its_own_action_width():
   """A flow policy's raw action carries its denoising chain beside the env's action (action_size >
   action_dim); the timed updates and the learner process's buffers are sized by it, so resources=auto

@@ -55,7 +55,7 @@ def _run(cfg, workdir):
   return trainer, trainer.finish(), seen
 
 
-@pytest.mark.parametrize("eta", [0, 2])
+@pytest.mark.parametrize("eta", [pytest.param(0, marks=pytest.mark.slow), 2])  # eta=0 on host: test_async_pipeline.py.
 def test_ebrl_device_run_trains_within_the_staleness_bound(eta, tmp_path):
   trainer, summary, seen = _run(_cfg(1_024, eta), tmp_path)
   assert isinstance(make_scheduler("ebrl", trainer.run_context()), DeviceAsyncScheduler)
@@ -108,6 +108,7 @@ def test_resources_auto_probes_overlap_on_device_groups_and_a_barrier_holds(tmp_
   assert probes and probes[0]["args"]["admission"] == result.admission
 
 
+@pytest.mark.slow  # A resumed ebrl run on host envs keeps it in test_async_pipeline.py.
 def test_resumed_run_keeps_the_bound(tmp_path):
   """Capacity counts from the resumed version, not from 0: no burst of stale batches."""
   _run(_cfg(256, 1), tmp_path)
@@ -119,7 +120,9 @@ def test_resumed_run_keeps_the_bound(tmp_path):
     assert int(m["staleness_max"]) <= 1 and int(m["stale_dropped"]) == 0
 
 
-@pytest.mark.parametrize("correction,lam", [("decoupled_ppo", 0.95), ("vtrace", 1.0)])
+@pytest.mark.parametrize("correction,lam", [
+    pytest.param("decoupled_ppo", 0.95, marks=pytest.mark.slow),  # Host data: test_async_pipeline.py, both.
+    ("vtrace", 1.0)])
 def test_eta_zero_update_equals_sync_ppo_on_device_data(correction, lam, tmp_path):
   """One collect of the segment scan and of the sync device scan from the same state and key
   gives the same data; update_segments on it equals the sync update (V-trace at lambda = 1)."""
@@ -174,7 +177,7 @@ def test_segments_per_update_must_take_whole_groups(tmp_path):
     Trainer(_cfg(64, 1, segments_per_update=2), str(tmp_path), progress=False)
 
 
-@pytest.mark.slow  # The stop is LoopThreads', as on host envs (tests/test_async_pipeline.py, tests/test_interrupts.py).
+@pytest.mark.slow  # The stop is LoopThreads', as on host envs (tests/schedulers/test_async_pipeline.py, tests/end_to_end/test_interrupts.py).
 def test_ctrl_c_stops_threads_saves_checkpoint_and_summary(tmp_path):
   """SIGINT mid-run: every thread stops within 10 s, then the checkpoint and summary.json are written."""
   summary = interrupt_run(tmp_path / "run", [

@@ -11,14 +11,15 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "tests", "mjx_shard_check.py")
 
 
 def _run(out, devices: int) -> str:
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
-  env["XLA_FLAGS"] = "--xla_cpu_multi_thread_eigen=false"  # As launches run on a machine of a few cores.
+  env["XLA_FLAGS"] = os.environ["XLA_FLAGS"]  # conftest: XLA on the calling thread, compile-fast passes.
   if devices > 1:
     env["XLA_FLAGS"] += f" --xla_force_host_platform_device_count={devices}"
   proc = subprocess.run([sys.executable, SCRIPT, str(out), str(devices)], env=env, capture_output=True, text=True,
@@ -27,6 +28,7 @@ def _run(out, devices: int) -> str:
   return proc.stdout
 
 
+@pytest.mark.slow  # Two fresh processes compiling the fused rollout; the host split is test_device_split.py.
 def test_sharded_rollout_matches_single_device(tmp_path):
   one, four = tmp_path / "one.npz", tmp_path / "four.npz"
   log1, log4 = _run(one, 1), _run(four, 4)

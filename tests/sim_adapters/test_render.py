@@ -17,7 +17,7 @@ import pytest
 from sim_adapters import render
 from sim_adapters.base import gather_all
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REACH = "MetaWorld/Reach-v3"
 needs_gl = pytest.mark.egl("OSMesa")  # EGL or OSMesa: ensure_gl falls back to OSMesa.
 

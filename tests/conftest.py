@@ -73,6 +73,7 @@ def pytest_configure(config):
                           "'OSMesa'); skipped without it unless EBRL_REQUIRE_EGL=1")
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: Bazel's test runs have no xdist.
 def pytest_xdist_auto_num_workers(config):
   """`-n auto` (README's test command): a worker per core, at most 4. Each worker compiles its own
   programs and some tests start training processes of their own; more workers than cores only

@@ -22,26 +22,19 @@ import pytest
 from ebrl.errors import UserError
 from ebrl.trainer import Trainer
 from launch.configs import default
+from tiny_configs import tiny_config
 
 
-def tiny_config(total: int = 256, resume: bool = False):
-  cfg = default.get_config()
-  cfg.num_envs = 4
-  cfg.rollout_length = 8
-  cfg.total_env_steps = total
-  cfg.policy.hidden = (16, 16)
-  cfg.algorithm.epochs = 2
-  cfg.algorithm.num_minibatches = 2
+def tiny_run_config(total: int = 256, resume: bool = False):
   # These resumes raise the budget, and a linear rate decays over the budget's updates by design:
   # a constant rate lets one update from the restored state be compared with the original's.
-  cfg.algorithm.lr_schedule = "constant"
-  cfg.resume = resume
-  cfg.log_every_s = 0.0
-  return cfg
+  return tiny_config(total, resume=resume, algorithm__epochs=2, algorithm__lr_schedule="constant",
+                     log_every_s=0.0,
+                     checkpoint_every_s=default.get_config().checkpoint_every_s)
 
 
 def train(workdir, total, resume=False):
-  trainer = Trainer(tiny_config(total, resume), str(workdir), progress=False)
+  trainer = Trainer(tiny_run_config(total, resume), str(workdir), progress=False)
   trainer.train(total)
   trainer.finish()
   return trainer
@@ -78,7 +71,7 @@ def test_resume_restores_state_counters_and_rng(first_run, tmp_path):
   workdir, done = first_run
   copy = tmp_path / "copy"
   shutil.copytree(workdir, copy)
-  resumed = Trainer(tiny_config(256, resume=True), str(copy), progress=False)
+  resumed = Trainer(tiny_run_config(256, resume=True), str(copy), progress=False)
   assert resumed.env_steps == 128
   assert int(resumed.state.version) == int(done.state.version)
   for a, b in zip(leaves(resumed.state), leaves(done.state)):
@@ -120,13 +113,13 @@ def test_corrupt_checkpoint_is_reported_and_older_one_used(first_run, tmp_path, 
   copy = tmp_path / "copy"
   shutil.copytree(workdir, copy)
   # A second, older good checkpoint: write one at step 64 from the same state.
-  trainer = Trainer(tiny_config(256, resume=True), str(copy), progress=False)
+  trainer = Trainer(tiny_run_config(256, resume=True), str(copy), progress=False)
   trainer.tracker.env_steps = 64
   trainer.checkpoint()
   trainer.checkpointer.close()
   _corrupt(copy / "checkpoints" / "128")
   before = sorted(os.listdir(copy / "checkpoints" / "128"))
-  resumed = Trainer(tiny_config(256, resume=True), str(copy), progress=False)
+  resumed = Trainer(tiny_run_config(256, resume=True), str(copy), progress=False)
   err = capsys.readouterr()
   assert str(copy / "checkpoints" / "128") in err.out + err.err
   assert resumed.env_steps == 64
@@ -140,14 +133,14 @@ def test_all_checkpoints_corrupt_is_a_user_error(first_run, tmp_path):
   shutil.copytree(workdir, copy)
   _corrupt(copy / "checkpoints" / "128")
   with pytest.raises(UserError, match=str(copy / "checkpoints" / "128")):
-    Trainer(tiny_config(256, resume=True), str(copy), progress=False)
+    Trainer(tiny_run_config(256, resume=True), str(copy), progress=False)
 
 
 def test_existing_step_is_never_overwritten(first_run, tmp_path):
   workdir, _ = first_run
   copy = tmp_path / "copy"
   shutil.copytree(workdir, copy)
-  trainer = Trainer(tiny_config(256, resume=True), str(copy), progress=False)
+  trainer = Trainer(tiny_run_config(256, resume=True), str(copy), progress=False)
   stamp = os.path.getmtime(copy / "checkpoints" / "128")
   trainer.state = trainer.state.replace(version=trainer.state.version + 100)
   assert trainer.checkpointer.save(128, trainer.state, {"env_steps": 128, "wall_s": 0.0}) is False

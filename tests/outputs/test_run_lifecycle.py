@@ -16,7 +16,6 @@ import sys
 
 import jax
 import numpy as np
-import optax
 import pytest
 
 from ebrl.checkpointing import Checkpointer
@@ -24,23 +23,13 @@ from ebrl.errors import UserError
 from ebrl.learner import learning_rate_schedule
 from ebrl.recorder import RunRecorder
 from ebrl.trainer import Trainer
-from launch.configs import default
+from tiny_configs import tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def tiny(total: int = 128, scheduler: str = "sync", resume: bool = False):
-  cfg = default.get_config()
-  cfg.num_envs = 4
-  cfg.rollout_length = 8
-  cfg.total_env_steps = total
-  cfg.scheduler = scheduler
-  cfg.policy.hidden = (16, 16)
-  cfg.algorithm.epochs = 1
-  cfg.algorithm.num_minibatches = 2
-  cfg.checkpoint_every_s = 1e9
-  cfg.resume = resume
-  return cfg
+  return tiny_config(total, scheduler=scheduler, resume=resume)
 
 
 def run(cfg, workdir) -> Trainer:

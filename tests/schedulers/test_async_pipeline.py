@@ -26,9 +26,8 @@ from ebrl.sampler import Actions
 from ebrl.scheduler import make_scheduler
 from ebrl.trainer import Trainer
 from ebrl.telemetry.writers import read_jsonl
-from ebrl.algorithms.staleness import fresh_mask
 from ebrl.trajectories.queue import TrajectoryQueue
-from launch.configs import default
+from tiny_configs import tiny_config
 from policies.mlp import MLPPolicy
 from sim_adapters import make_adapter
 from sim_adapters.base import EnvSpec, ObsSpec, StepBatch
@@ -267,18 +266,7 @@ def test_eta_zero_update_equals_sync_ppo(correction, lam):
 
 
 def _tiny_ebrl_config(total: int):
-  cfg = default.get_config()
-  cfg.scheduler = "ebrl"
-  cfg.num_envs = 8
-  cfg.rollout_length = 8
-  cfg.total_env_steps = total
-  cfg.policy.hidden = (16, 16)
-  cfg.algorithm.epochs = 1
-  cfg.algorithm.num_minibatches = 2
-  cfg.ebrl.num_groups = 2
-  cfg.ebrl.max_staleness = 1
-  cfg.checkpoint_every_s = 1e9
-  return cfg
+  return tiny_config(total, scheduler="ebrl", num_envs=8, ebrl__num_groups=2, ebrl__max_staleness=1)
 
 
 def _stage_threads():

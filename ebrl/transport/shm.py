@@ -186,6 +186,12 @@ def leftover_blocks(pid: int | None = None) -> list[str]:
   return sorted(n for n in os.listdir(SHM_DIR) if n.startswith(head))
 
 
+def orphaned(names: set[str]) -> set[str]:
+  """The blocks among `names` whose owner pid (the name's) is no longer running: a block of a live
+  owner is in use, one of a dead owner was left behind."""
+  return {n for n in names if not os.path.exists(f"/proc/{n[len(PREFIX):].split('_', 1)[0]}")}
+
+
 def aligned(offset: int, alignment: int = 64) -> int:
   """`offset` rounded up to a cache line, so no two fields share one across processes."""
   return -(-offset // alignment) * alignment

@@ -153,12 +153,6 @@ def _shm() -> set[str]:
   return set(shm.leftover_blocks())
 
 
-def _orphaned(blocks: set[str]) -> set[str]:
-  """The blocks whose owner is gone. Tests run in parallel (README's `-n auto`): a block whose owner
-  lives belongs to another test's run, while every launch of this one has exited by the check."""
-  return {b for b in blocks if not os.path.exists(f"/proc/{b[len(shm.PREFIX):].split('_', 1)[0]}")}
-
-
 def crash_resume_rounds(tmp_path, scheduler: str, seed: int, budget_s: float, min_kills: int) -> dict:
   """Kill-and-resume rounds until `budget_s` has passed; the last launch is stopped cleanly with SIGINT."""
   rng = random.Random(seed)
@@ -218,7 +212,8 @@ def crash_resume_rounds(tmp_path, scheduler: str, seed: int, budget_s: float, mi
     summary = json.load(f)
   assert summary["env_steps"] >= resumes[-1]
   assert committed_steps(ckpt_dir)[-1] == summary["env_steps"]
-  assert _orphaned(_shm() - shm_before) == set(), "shared memory left in /dev/shm"
+  # Blocks of live owners are other tests' (the suite runs in parallel); every launch here has exited.
+  assert shm.orphaned(_shm() - shm_before) == set(), "shared memory left in /dev/shm"
   return {"resumes": resumes, "kinds": kinds, "left_behind": sorted(left_behind),
           "tmp_at_end": temporary_dirs(ckpt_dir), "wall_s": time.time() - start}
 

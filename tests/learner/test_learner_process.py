@@ -466,9 +466,7 @@ def test_a_signal_to_the_process_group_stops_a_learner_process_run_cleanly_and_i
     time.sleep(0.1)
   assert _spawned(run) - before == set()
   # Blocks of live owners are other tests' (the suite runs in parallel); every process of this run has exited.
-  left = {b for b in set(shm.leftover_blocks()) - blocks_before
-          if not os.path.exists(f"/proc/{b[len(shm.PREFIX):].split('_', 1)[0]}")}
-  assert left == set(), "a shared-memory block outlived its run"
+  assert shm.orphaned(set(shm.leftover_blocks()) - blocks_before) == set(), "a shared-memory block outlived its run"
   if sig == signal.SIGINT:
     return
   steps = summary["env_steps"]

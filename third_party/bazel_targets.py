@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import os
 import sys
 
@@ -103,8 +104,10 @@ def build_dir(rel: str) -> str:
   return top if top in SCRIPT_DIRS else os.path.dirname(rel)
 
 
-def _imports(module: str, rel: str, top_level_only: bool) -> list[tuple[str, bool]]:
-  """(imported name, is a package attribute import) for each import of the file."""
+@functools.cache
+def _imports(module: str, rel: str, top_level_only: bool) -> tuple[tuple[str, bool], ...]:
+  """(imported name, is a package attribute import) for each import of the file. Cached: every
+  package's BUILD file reads the whole graph's imports, and parsing is most of the generator's time."""
   is_package = rel.endswith("__init__.py")
   tree = ast.parse(open(os.path.join(ROOT, rel)).read(), rel)
   todo, nodes = list(tree.body), []
@@ -124,7 +127,7 @@ def _imports(module: str, rel: str, top_level_only: bool) -> list[tuple[str, boo
         parts = module.split(".")[:len(module.split(".")) - node.level + (1 if is_package else 0)]
         base = ".".join(parts + ([base] if base else []))
       out += [(f"{base}.{alias.name}", True) for alias in node.names]
-  return out
+  return tuple(out)
 
 
 class Graph:
@@ -133,6 +136,7 @@ class Graph:
   def __init__(self):
     self.files = _module_files()
     self.packages = {m for m, rel in self.files.items() if rel.endswith("__init__.py")}
+    self.top_levels = {m.split(".")[0] for m in self.files}
 
   def package_of(self, module: str) -> str | None:
     if module in self.packages:
@@ -169,7 +173,7 @@ class Graph:
         pip.update(PIP["mujoco"])
       target = name if name in self.files else name.rpartition(".")[0] if from_import else name
       if target not in self.files:
-        if top in {m.split(".")[0] for m in self.files}:
+        if top in self.top_levels:
           raise SystemExit(f"{self.files[module]}: cannot resolve import of {name}")
         if top not in sys.stdlib_module_names and top != "__future__":
           raise SystemExit(f"{self.files[module]}: imports {top}, which PIP does not map to a pip package")

@@ -20,7 +20,7 @@ import bazel_targets  # pylint: disable=g-import-not-at-top,wrong-import-positio
 
 @pytest.fixture(scope="module")
 def generated() -> dict[str, str]:
-  """What the generator writes now (it parses every module: about 20 s here), once for this file."""
+  """What the generator writes now (it parses every module once), once for this file."""
   return bazel_targets.build_files()
 
 

@@ -1,4 +1,4 @@
-"""The tiny run config tests build runs from.
+"""The tiny run config tests build runs from, and the few steps every such test takes.
 
 Every test that trains a run starts from these shapes (4 envs, 8-step rollouts,
 a 16x16 MLP, one epoch of two minibatches), so its programs are the ones the
@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import ml_collections
+import numpy as np
 
 from launch.configs import default
 
@@ -38,3 +40,18 @@ def tiny_config(total: int = 128, *, scheduler: str = "sync", resume: bool = Fal
       raise KeyError(f"tiny_config: no config key {key.replace('__', '.')}")
     section[leaf] = value
   return cfg
+
+
+def run_to_end(cfg: ml_collections.ConfigDict, workdir) -> tuple[Any, dict[str, Any]]:
+  """Builds the Trainer for `cfg` in `workdir`, trains it over its whole budget and finishes it:
+  the trainer (its state and stages stay readable) and the run's summary."""
+  from ebrl.trainer import Trainer  # pylint: disable=g-import-not-at-top  (the training stack, only when a run is built)
+
+  trainer = Trainer(cfg, str(workdir), progress=False)
+  trainer.train()
+  return trainer, trainer.finish()
+
+
+def leaves(tree) -> list[np.ndarray]:
+  """A pytree's leaves as host arrays, in tree order, to compare two states leaf by leaf."""
+  return [np.asarray(x) for x in jax.tree.leaves(tree)]

@@ -8,17 +8,15 @@ import json
 
 import pytest
 
-from ebrl.trainer import Trainer
 from launch.configs import default
+from tiny_configs import run_to_end
 
 
 def test_sync_ppo_solves_reach(tmp_path):
   cfg = default.get_config()
   cfg.total_env_steps = 300_000
   cfg.checkpoint_every_s = 1e9
-  trainer = Trainer(cfg, str(tmp_path), progress=False)
-  trainer.train()
-  summary = trainer.finish()
+  _, summary = run_to_end(cfg, tmp_path)
   rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   returns = [r["episode_return"] for r in rows if r["episode_return"] is not None]
   assert returns[-1] > 2.0 * returns[0]
@@ -43,9 +41,7 @@ def test_default_ppo_holds_success_on_drawer_close(tmp_path):
   cfg = default.get_config()
   cfg.env.name = "MetaWorld/DrawerClose-v3"
   cfg.checkpoint_every_s = 1e9
-  trainer = Trainer(cfg, str(tmp_path), progress=False)
-  trainer.train()
-  summary = trainer.finish()
+  _, summary = run_to_end(cfg, tmp_path)
   assert summary["best_success_rate"] >= 0.9
   assert summary["final_success_rate"] >= 0.9
   assert summary["final_success_rate"] >= summary["best_success_rate"] - 0.1
@@ -61,8 +57,6 @@ def test_default_ppo_solves_faucet_close(tmp_path):
   cfg.env.name = "MetaWorld/FaucetClose-v3"
   cfg.total_env_steps = 600_000
   cfg.checkpoint_every_s = 1e9
-  trainer = Trainer(cfg, str(tmp_path), progress=False)
-  trainer.train()
-  summary = trainer.finish()
+  _, summary = run_to_end(cfg, tmp_path)
   assert summary["final_success_rate"] >= 0.9, summary
   assert summary["env_steps_to_success"] is not None

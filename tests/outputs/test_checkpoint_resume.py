@@ -22,7 +22,7 @@ import pytest
 from ebrl.errors import UserError
 from ebrl.trainer import Trainer
 from launch.configs import default
-from tiny_configs import tiny_config
+from tiny_configs import leaves, run_to_end, tiny_config
 
 
 def tiny_run_config(total: int = 256, resume: bool = False):
@@ -34,14 +34,7 @@ def tiny_run_config(total: int = 256, resume: bool = False):
 
 
 def train(workdir, total, resume=False):
-  trainer = Trainer(tiny_run_config(total, resume), str(workdir), progress=False)
-  trainer.train(total)
-  trainer.finish()
-  return trainer
-
-
-def leaves(tree):
-  return [np.asarray(x) for x in jax.tree.leaves(tree)]
+  return run_to_end(tiny_run_config(total, resume), workdir)[0]
 
 
 @pytest.fixture(scope="module")

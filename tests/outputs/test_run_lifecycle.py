@@ -14,7 +14,6 @@ import shutil
 import subprocess
 import sys
 
-import jax
 import numpy as np
 import pytest
 
@@ -23,7 +22,7 @@ from ebrl.errors import UserError
 from ebrl.learner import learning_rate_schedule
 from ebrl.recorder import RunRecorder
 from ebrl.trainer import Trainer
-from tiny_configs import tiny_config
+from tiny_configs import leaves, run_to_end, tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -33,14 +32,7 @@ def tiny(total: int = 128, scheduler: str = "sync", resume: bool = False):
 
 
 def run(cfg, workdir) -> Trainer:
-  trainer = Trainer(cfg, str(workdir), progress=False)
-  trainer.train()
-  trainer.finish()
-  return trainer
-
-
-def leaves(tree):
-  return [np.asarray(x) for x in jax.tree.leaves(tree)]
+  return run_to_end(cfg, workdir)[0]
 
 
 @pytest.fixture(scope="module")

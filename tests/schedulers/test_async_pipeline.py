@@ -27,7 +27,7 @@ from ebrl.scheduler import make_scheduler
 from ebrl.trainer import Trainer
 from ebrl.telemetry.writers import read_jsonl
 from ebrl.trajectories.queue import TrajectoryQueue
-from tiny_configs import tiny_config
+from tiny_configs import run_to_end, tiny_config
 from policies.mlp import MLPPolicy
 from sim_adapters import make_adapter
 from sim_adapters.base import EnvSpec, ObsSpec, StepBatch
@@ -286,9 +286,7 @@ def test_ebrl_run_trains_bounds_staleness_and_leaves_no_thread(tmp_path):
 
 def test_resumed_ebrl_run_keeps_the_staleness_bound_without_dropping(tmp_path):
   """A resumed run counts its earlier updates' segments as started: no burst of too-stale segments."""
-  trainer = Trainer(_tiny_ebrl_config(1_000), str(tmp_path), progress=False)
-  trainer.train(1_000)
-  first = trainer.finish()
+  _, first = run_to_end(_tiny_ebrl_config(1_000), tmp_path)
   cfg = _tiny_ebrl_config(2_000)
   cfg.resume = True
   trainer = Trainer(cfg, str(tmp_path), progress=False)

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from tiny_configs import run_to_end
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
 
@@ -45,16 +47,8 @@ def _tiny_cfg(**overrides):
   return cfg
 
 
-def _train(cfg, workdir):
-  from ebrl.trainer import Trainer
-
-  trainer = Trainer(cfg, str(workdir), progress=False)
-  trainer.train()
-  return trainer, trainer.finish()
-
-
 def test_fused_ppo_run_writes_the_usual_outputs(tmp_path):
-  trainer, summary = _train(_tiny_cfg(), tmp_path)
+  trainer, summary = run_to_end(_tiny_cfg(), tmp_path)
   assert summary["env"] == "mjx:CartpoleBalance" and summary["env_steps"] == 96
   assert summary["policy_version"] == 3  # 96 steps / (4 envs * 8 steps) updates.
   # 10-step episodes: every env finished at least 2 episodes in 24 steps.
@@ -73,13 +67,13 @@ def test_fused_ppo_run_writes_the_usual_outputs(tmp_path):
 
 @pytest.mark.slow  # Random actions on a DeviceSim: the benchmarks' reference, a minute of compiles on CPU.
 def test_random_scheduler_on_device_env(tmp_path):
-  _, summary = _train(_tiny_cfg(scheduler="random"), tmp_path)
+  _, summary = run_to_end(_tiny_cfg(scheduler="random"), tmp_path)
   assert summary["env_steps"] == 96 and summary["policy_version"] == 0 and summary["episodes"] >= 8
 
 
 @pytest.mark.slow
 def test_eval_on_both_backends(tmp_path):
-  _train(_tiny_cfg(), tmp_path)
+  run_to_end(_tiny_cfg(), tmp_path)
   for env, limit in (("mjx:CartpoleBalance", 10), ("CartpoleBalance-v1", 10)):
     out = tmp_path / f"{env.replace(':', '_')}.json"
     proc = subprocess.run([sys.executable, "-m", "launch.eval", f"--checkpoint={tmp_path}", f"--env={env}",

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 
 import nbformat
+import pytest
 
 import ebrl
 
@@ -53,3 +55,45 @@ def test_every_ebrl_call_exists_and_takes_its_arguments():
           assert kw.arg in params, f"ebrl.{node.func.attr} has no parameter {kw.arg}"
         seen.add(node.func.attr)
   assert {"train", "bench", "evaluate"} <= seen
+
+
+def _execute_module():
+  import importlib.util  # pylint: disable=g-import-not-at-top
+
+  spec = importlib.util.spec_from_file_location("notebook_execute", os.path.join(ROOT, "notebooks", "execute.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_set_inserts_the_value_after_the_cell_that_assigns_it():
+  execute = _execute_module()
+  nb = nbformat.read(NOTEBOOK, as_version=4)
+  before = [c.source for c in nb.cells]
+  execute.set_values(nb, ["TOTAL_ENV_STEPS=20_000", "BENCH_SECONDS = 1.5"])
+  at = next(i for i, source in enumerate(before) if "TOTAL_ENV_STEPS = " in source)
+  assert [c.source.split("  #")[0] for c in nb.cells[at + 1:at + 3]] == ["BENCH_SECONDS = 1.5", "TOTAL_ENV_STEPS = 20_000"]
+  assert [c.source for c in nb.cells[:at + 1] + nb.cells[at + 3:]] == before
+  nbformat.validate(nb)
+  scope = {}
+  for cell in nb.cells[at + 1:at + 3]:
+    exec(cell.source, scope)  # pylint: disable=exec-used
+  assert scope["TOTAL_ENV_STEPS"] == 20_000 and scope["BENCH_SECONDS"] == 1.5
+
+
+@pytest.mark.parametrize("setting,says", [
+    ("TOTAL_STEPS=1", "no code cell assigns TOTAL_STEPS"),
+    ("TOTAL_ENV_STEPS", "expected NAME=VALUE"),
+    ("TOTAL_ENV_STEPS=os.system('x')", "is not a Python literal"),
+])
+def test_a_bad_set_is_named(setting, says):
+  with pytest.raises(ValueError, match=re.escape(says)):
+    _execute_module().set_values(nbformat.read(NOTEBOOK, as_version=4), [setting])
+
+
+def test_what_ci_sets_the_notebook_assigns():
+  """CI's `--set`s name the quickstart's settings (a renamed one fails here, not after the tests)."""
+  line = next(l for l in open(os.path.join(ROOT, ".ci", "run")) if l.startswith("python notebooks/execute.py"))
+  settings = re.findall(r"--set[ =](\S+)", line)
+  assert settings
+  _execute_module().set_values(nbformat.read(NOTEBOOK, as_version=4), settings)

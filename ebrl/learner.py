@@ -165,6 +165,19 @@ def make_mesh(devices=None) -> Mesh:
   return Mesh(devices.reshape(-1), ("data",))
 
 
+def spans_processes(mesh: Mesh) -> bool:
+  """Whether `mesh` holds devices of other processes (a learner over several hosts' devices)."""
+  return any(d.process_index != jax.process_index() for d in mesh.devices.flat)
+
+
+def process_local(tree):
+  """This process's copy of each array of `tree` that spans processes (a replicated train state of a
+  learner over several processes), for what acts on local devices: the sampler, checkpoints, metrics.
+  Arrays held whole by this process are returned as they are."""
+  return jax.tree.map(lambda x: x.addressable_data(0) if isinstance(x, jax.Array) and not x.is_fully_addressable
+                      else x, tree)
+
+
 def init_train_state(policy: Policy, cfg: LearnerConfig, key: jax.Array) -> TrainState:
   init_key, key = jax.random.split(key)
   params = policy.init(init_key)
@@ -208,6 +221,7 @@ class Learner:
     self.mesh = mesh or make_mesh()
     self._optimizer = make_optimizer(cfg)
     self.replicated = NamedSharding(self.mesh, P())  # Where a train state lives.
+    self._spans_processes = spans_processes(self.mesh)
     self._update: Callable = jax.jit(self._rollout_fn, donate_argnums=(0,))
     self._update_segments: Callable = jax.jit(self._segments_fn, donate_argnums=(0,))
 
@@ -225,7 +239,12 @@ class Learner:
     """Nothing to release in this process (a learner process is stopped here)."""
 
   def place(self, rollout: Rollout) -> Rollout:
-    return jax.device_put(rollout, rollout_sharding(self.mesh, rollout))
+    """The batch on the learner's mesh, split along its env axis. Over several processes each gives
+    its own envs' columns, in process order: the global batch is every process's batch side by side."""
+    shardings = rollout_sharding(self.mesh, rollout)
+    if not self._spans_processes:
+      return jax.device_put(rollout, shardings)
+    return jax.tree.map(lambda s, x: jax.make_array_from_process_local_data(s, np.asarray(x)), shardings, rollout)
 
   def update(self, state: TrainState, rollout: Rollout) -> tuple[TrainState, dict]:
     return self._update(state, self.place(rollout))

@@ -36,6 +36,7 @@ _TIMELINE = flags.DEFINE_string("timeline", None, "PNG with every scheduler's st
 _WORKDIR = flags.DEFINE_string("workdir", None, "Keep each scheduler's run outputs (summary.json, metrics.jsonl, "
                                "trace.json) in <workdir>/<scheduler> (default: a temporary directory, removed).")
 _CONFIG = common.define_config(help_text="Base run config; --config.<key>=<value> overrides apply to every scheduler.")
+common.define_process_flags()
 
 
 def main(argv: list[str]) -> None:
@@ -49,6 +50,7 @@ def main(argv: list[str]) -> None:
                    straggler_fraction=_STRAGGLER_FRACTION.value, straggler_slowdown=_STRAGGLER_SLOWDOWN.value,
                    out=_OUT.value, timeline=_TIMELINE.value, workdir=_WORKDIR.value)
   spec.check()  # Before the config file's values are read.
+  common.join_run(max_processes=1)
   run_bench(spec, common.config_value(_CONFIG), log=lambda line: print(line, flush=True))
 
 

@@ -195,3 +195,42 @@ def run(main: Callable[[list[str]], None]) -> None:
       sys.exit(1)
 
   app.run(guarded, flags_parser=_parse_flags)
+
+
+def define_process_flags() -> None:
+  """--coordinator_address, --num_processes, --process_id, --local_device_ids, --connect_timeout_s:
+  this process's place in a run over several processes (ebrl/distributed.py)."""
+  flags.DEFINE_string("coordinator_address", None, "host:port of process 0's coordination service, the same for "
+                      "every process of a run over several processes (launch/multiprocess.py picks one on "
+                      "localhost).")
+  flags.DEFINE_integer("num_processes", None, "Processes in the run (unset: one, or as a detected cluster says).")
+  flags.DEFINE_integer("process_id", None, "This process's index in [0, num_processes).")
+  flags.DEFINE_list("local_device_ids", None, "This process's devices (indices of the host's), where several "
+                    "processes share one host's accelerators.")
+  flags.DEFINE_integer("connect_timeout_s", 300, "Seconds to wait for every process to join before giving up.")
+
+
+def join_run(max_processes: int | None = None) -> int:
+  """Joins the run's other processes as the process flags (or a detected cluster) say, before any
+  JAX backend starts; returns the run's process count (1: nothing was joined). A launcher whose
+  runs cannot yet span `max_processes` refuses more in one line, before contacting anyone."""
+  from ebrl import distributed  # pylint: disable=g-import-not-at-top
+
+  f = flags.FLAGS
+  ids = f.local_device_ids
+  if ids is not None:
+    try:
+      ids = tuple(int(i) for i in ids)
+    except ValueError:
+      raise UserError(f"--local_device_ids={','.join(f.local_device_ids)} must be device indices, "
+                      "e.g. --local_device_ids=0,1") from None
+  identity = distributed.ProcessIdentity(f.coordinator_address, f.num_processes, f.process_id, ids,
+                                         f.connect_timeout_s)
+  distributed.check(identity)
+  if max_processes is not None:
+    cluster = None if identity.given else distributed.detected_cluster()
+    if (identity.num_processes or 1) > max_processes or cluster is not None:
+      asked = f"--num_processes={identity.num_processes}" if identity.given else f"a {cluster} job of several tasks"
+      raise UserError(f"{asked}: this launcher's runs span one process for now; start it as one process "
+                      "(the multi-process learner update is ebrl/learner.py's, checked by its tests)")
+  return distributed.initialize(identity)

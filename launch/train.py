@@ -21,6 +21,7 @@ from launch import common
 _CONFIG = common.define_config()
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: runs/<env>-<scheduler>-<time>).")
 _PROGRESS = flags.DEFINE_bool("progress", True, "Show the progress bar.")
+common.define_process_flags()
 
 
 def main(argv: list[str]) -> None:
@@ -30,6 +31,7 @@ def main(argv: list[str]) -> None:
   cfg = common.config_value(_CONFIG)
   if cfg.resume and not _WORKDIR.value:
     common.fail("--config.resume=True continues the run in --workdir; pass --workdir=<the run's directory>")
+  common.join_run(max_processes=1)
   from ebrl import api  # pylint: disable=g-import-not-at-top
 
   summary = api.train(cfg, _WORKDIR.value, progress=_PROGRESS.value, launch_time=LAUNCH_TIME,

@@ -17,7 +17,7 @@ import pytest
 # Command -> a flag its launcher defines, which its --help must show.
 COMMANDS = {"ebrl-train": "--workdir", "ebrl-bench": "--schedulers", "ebrl-profile": "--out",
             "ebrl-eval": "--checkpoint", "ebrl-bc": "--eval_episodes", "ebrl-demos": "--episodes_per_task",
-            "ebrl-sft": "--eval_episodes"}
+            "ebrl-sft": "--eval_episodes", "ebrl-multiprocess": "--num_processes"}
 
 
 @pytest.mark.parametrize("command,flag", sorted(COMMANDS.items()))

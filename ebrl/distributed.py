@@ -1,0 +1,156 @@
+"""Which process of a run this is, and joining the others through `jax.distributed`.
+
+A run that spans processes (one per host, or several on one machine) is
+multi-controller SPMD: every process runs the same program, acts on its own
+envs and local devices, and takes part in one learner whose mesh holds every
+process's training devices (ebrl/learner.py). JAX's coordination service
+joins them; on CPU their collectives go through gloo.
+
+Joining must happen before anything starts a JAX backend, so the launchers call
+`initialize` first. A process started without the three flags, outside any
+cluster JAX recognises, is a run of one process exactly as without this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import socket
+import time
+
+from ebrl.errors import UserError
+
+# A lost process must stop the others well inside a minute: the coordination service declares a
+# process dead after this many seconds without its heartbeat, and every survivor's next
+# collective or heartbeat check then fails.
+HEARTBEAT_TIMEOUT_S = 20
+_ADDRESS = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(?P<port>[0-9]+)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessIdentity:
+  """What the launch flags say about this process's place in a run; all None: not told."""
+
+  coordinator_address: str | None = None
+  num_processes: int | None = None
+  process_id: int | None = None
+  local_device_ids: tuple[int, ...] | None = None
+  connect_timeout_s: int = 300
+
+  @property
+  def given(self) -> bool:
+    return any(v is not None for v in (self.coordinator_address, self.num_processes, self.process_id))
+
+
+def check(identity: ProcessIdentity) -> None:
+  """A UserError naming the first bad value; nothing is contacted."""
+  named = {"--coordinator_address": identity.coordinator_address, "--num_processes": identity.num_processes,
+           "--process_id": identity.process_id}
+  if identity.given and any(v is None for v in named.values()):
+    missing = ", ".join(k for k, v in named.items() if v is None)
+    raise UserError(f"a run over several processes needs --coordinator_address, --num_processes and --process_id "
+                    f"together; missing {missing}")
+  if identity.local_device_ids is not None and not identity.given:
+    raise UserError("--local_device_ids chooses this process's devices in a run over several processes; give "
+                    "--coordinator_address, --num_processes and --process_id with it")
+  if not identity.given:
+    return
+  if not _ADDRESS.match(identity.coordinator_address) or not 0 < _host_port(identity.coordinator_address)[1] < 65536:
+    raise UserError(f"--coordinator_address={identity.coordinator_address!r} is not host:port (a port in 1-65535), "
+                    "e.g. 10.0.0.1:12345 or localhost:12345")
+  if identity.num_processes < 1:
+    raise UserError(f"--num_processes={identity.num_processes} must be at least 1")
+  if not 0 <= identity.process_id < identity.num_processes:
+    raise UserError(f"--process_id={identity.process_id} must be in [0, {identity.num_processes - 1}] for "
+                    f"--num_processes={identity.num_processes}")
+  if identity.local_device_ids is not None and (
+      not identity.local_device_ids or min(identity.local_device_ids) < 0
+      or len(set(identity.local_device_ids)) != len(identity.local_device_ids)):
+    raise UserError(f"--local_device_ids={','.join(map(str, identity.local_device_ids))} must be distinct device "
+                    "indices >= 0")
+  if identity.connect_timeout_s < 1:
+    raise UserError(f"--connect_timeout_s={identity.connect_timeout_s} must be at least 1")
+
+
+def detected_cluster() -> str | None:
+  """The cluster environment JAX would join on its own (SLURM, Open MPI, ...), or None."""
+  try:
+    from jax._src import clusters  # pylint: disable=g-import-not-at-top
+  except ImportError:  # A JAX without the module: nothing is detected, flags still work.
+    return None
+  for env in clusters.ClusterEnv._cluster_types:  # pylint: disable=protected-access
+    try:
+      if env.is_env_present() and env.__name__ not in ("GkeTpuCluster", "GceTpuCluster", "SingleSliceGceTpuCluster",
+                                                       "MultisliceGceTpuCluster"):
+        # A one-task allocation (a plain `salloc` shell) is a run of one process.
+        if env.get_process_count() > 1:
+          return env.__name__
+    except Exception:  # pylint: disable=broad-except  # A half-set environment is no cluster.
+      continue
+  return None
+
+
+def _host_port(address: str) -> tuple[str, int]:
+  match = _ADDRESS.match(address)
+  return match["host"].strip("[]"), int(match["port"])
+
+
+def _check_can_listen(address: str) -> None:
+  """Process 0 runs the coordinator on the address's port: a port taken on this host is one line."""
+  _, port = _host_port(address)
+  try:
+    with socket.socket() as s:
+      s.bind(("0.0.0.0", port))
+  except OSError as e:
+    raise UserError(f"process 0 runs the coordinator at --coordinator_address={address}, but port {port} cannot "
+                    f"be bound on this host ({(e.strerror or str(e)).lower()}); choose a free port") from None
+
+
+def _wait_for_coordinator(identity: ProcessIdentity) -> None:
+  """Returns once something listens at the coordinator's address (process 0 starts it), or raises
+  a UserError after identity.connect_timeout_s."""
+  host, port = _host_port(identity.coordinator_address)
+  deadline = time.monotonic() + identity.connect_timeout_s
+  while True:
+    try:
+      with socket.create_connection((host, port), timeout=1.0):
+        return
+    except OSError as e:
+      if time.monotonic() >= deadline:
+        raise UserError(f"process {identity.process_id} could not join the run at {identity.coordinator_address} "
+                        f"within {identity.connect_timeout_s} s: {(e.strerror or str(e)).lower()} (is process 0 "
+                        "started, with the same --coordinator_address?)") from None
+      time.sleep(0.2)
+
+
+def initialize(identity: ProcessIdentity) -> int:
+  """Joins the run's other processes (flags, or a detected cluster); returns how many processes the
+  run has. One process without flags: nothing happens, and JAX's backend is left untouched."""
+  check(identity)
+  cluster = None if identity.given else detected_cluster()
+  if not identity.given and cluster is None:
+    return 1
+  if identity.given and identity.num_processes == 1:
+    return 1
+  if identity.given:  # JAX aborts the process when it cannot connect: the address is tried here first.
+    if identity.process_id == 0:  # The coordinator will listen there, in this process.
+      _check_can_listen(identity.coordinator_address)
+    else:
+      _wait_for_coordinator(identity)
+  import jax  # pylint: disable=g-import-not-at-top
+
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  kwargs = dict(initialization_timeout=identity.connect_timeout_s, heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
+  try:
+    if identity.given:
+      jax.distributed.initialize(identity.coordinator_address, identity.num_processes, identity.process_id,
+                                 local_device_ids=list(identity.local_device_ids) if identity.local_device_ids
+                                 else None, **kwargs)
+    else:
+      jax.distributed.initialize(**kwargs)
+  except RuntimeError as e:
+    where = identity.coordinator_address or f"the {cluster} job's coordinator"
+    first = next((l.strip() for l in str(e).splitlines() if l.strip()), type(e).__name__)
+    raise UserError(f"process {identity.process_id if identity.given else '?'} could not join the run at {where} "
+                    f"within {identity.connect_timeout_s} s: {first[:200]}") from None
+  return jax.process_count()

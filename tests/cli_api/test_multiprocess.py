@@ -52,7 +52,12 @@ def _state(pid: int) -> str:
 
 def test_two_processes_join_gather_and_exit_zero():
   proc = _launch("--num_processes=2")
-  out, err = proc.communicate(timeout=120)
+  try:
+    out, err = proc.communicate(timeout=120)
+  finally:
+    if proc.poll() is None:  # The launcher stops its processes on SIGTERM.
+      proc.terminate()
+      proc.wait(timeout=60)
   assert proc.returncode == 0, err[-3000:]
   assert "process 0 of 2 gathered [0, 1]" in out  # Process 0's output, as it is.
   assert "[process 1] process 1 of 2 gathered [0, 1]" in err  # The others', prefixed.
@@ -63,7 +68,9 @@ def test_a_failing_process_is_the_exit_code_and_the_others_are_stopped():
   try:
     _, err = proc.communicate(timeout=120)
   finally:
-    os.killpg(proc.pid, signal.SIGKILL) if proc.poll() is None else None
+    if proc.poll() is None:
+      proc.terminate()
+      proc.wait(timeout=60)
   assert proc.returncode == 3, err[-3000:]
   assert "error: process 1 exited with code 3" in err
 
@@ -84,8 +91,8 @@ def test_sigterm_stops_every_process():
     assert _gone(children, within_s=10)
   finally:
     if proc.poll() is None:
-      os.killpg(proc.pid, signal.SIGKILL)
-      proc.wait()
+      proc.terminate()
+      proc.wait(timeout=60)
 
 
 @pytest.mark.parametrize("args, says", [

@@ -14,6 +14,7 @@ cluster JAX recognises, is a run of one process exactly as without this module.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import socket
 import time
@@ -24,6 +25,8 @@ from ebrl.errors import UserError
 # process dead after this many seconds without its heartbeat, and every survivor's next
 # collective or heartbeat check then fails.
 HEARTBEAT_TIMEOUT_S = 20
+# Set for each task by srun, mpirun / Open MPI and MPICH's launchers: only then is a cluster asked.
+_CLUSTER_TASK_VARIABLES = ("SLURM_PROCID", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 _ADDRESS = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(?P<port>[0-9]+)$")
 
 
@@ -73,7 +76,11 @@ def check(identity: ProcessIdentity) -> None:
 
 
 def detected_cluster() -> str | None:
-  """The cluster environment JAX would join on its own (SLURM, Open MPI, ...), or None."""
+  """The cluster environment JAX would join on its own (SLURM, Open MPI, MPICH), or None. Without
+  a launcher's per-task variables nothing is imported: a plain launch stays as quick to start (and
+  to report a mistake) as before."""
+  if not any(v in os.environ for v in _CLUSTER_TASK_VARIABLES):
+    return None
   try:
     from jax._src import clusters  # pylint: disable=g-import-not-at-top
   except ImportError:  # A JAX without the module: nothing is detected, flags still work.

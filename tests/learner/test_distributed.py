@@ -83,3 +83,16 @@ def test_one_process_without_flags_joins_nothing(monkeypatch):
     monkeypatch.delenv(name)
   assert distributed.initialize(distributed.ProcessIdentity()) == 1
   assert distributed.initialize(distributed.ProcessIdentity("localhost:1234", 1, 0)) == 1
+
+
+def test_a_cluster_is_asked_only_where_its_launcher_set_a_task(monkeypatch):
+  """A shell inside an allocation (SLURM_JOB_ID, SLURM_NTASKS=4) starting one python is one
+  process; srun's tasks (SLURM_PROCID and the rest) are a cluster of SLURM_NTASKS."""
+  for name in [n for n in os.environ if n.startswith(("SLURM_", "OMPI_", "PMI_"))]:
+    monkeypatch.delenv(name)
+  monkeypatch.setenv("SLURM_JOB_ID", "7")
+  monkeypatch.setenv("SLURM_NTASKS", "4")
+  assert distributed.detected_cluster() is None
+  for name, value in (("SLURM_PROCID", "1"), ("SLURM_LOCALID", "1"), ("SLURM_STEP_NODELIST", "node[1-2]")):
+    monkeypatch.setenv(name, value)
+  assert distributed.detected_cluster() == "SlurmCluster"

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from launch import scaling
+from ebrl import scaling
 from tiny_configs import tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

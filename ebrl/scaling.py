@@ -34,32 +34,26 @@ def hosts_within(update_s: float, allreduce_bytes: float, gbps: float, share: fl
   return 1.0 + share * update_s / (2.0 * allreduce_bytes * per_byte_s)
 
 
-def measure(cfg, policy: str, seconds: float) -> dict:
-  """One policy's parameters, all-reduced bytes per update and timed update."""
+def measure(cfg, seconds: float) -> dict:
+  """The parameters, all-reduced bytes per update and timed update of the run `cfg` describes
+  (a run config: the policy and env set, as launch/scaling.py sets them from POLICY_ENVS)."""
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
 
   from ebrl.resources.profiler import measure_train  # pylint: disable=g-import-not-at-top
   from ebrl.trainer import Trainer  # pylint: disable=g-import-not-at-top
 
-  env, extra = POLICY_ENVS[policy]
-  cfg = cfg.copy_and_resolve_references()
-  cfg.env.name, cfg.policy.name = env, policy
-  for key, value in extra.items():
-    section, leaf = key.split(".")
-    cfg[section][leaf] = value
   with tempfile.TemporaryDirectory() as workdir:
     trainer = Trainer(cfg, os.path.join(workdir, "run"), progress=False)
     try:
-      learner, spec, layout = trainer.learner, trainer.stages.spec, trainer.layout
+      run, learner = trainer.run_spec, trainer.learner
       params = int(sum(np.size(x) for x in jax.tree.leaves(trainer.state.params["net"])))
       steps = learner.cfg.epochs * learner.cfg.num_minibatches
-      horizon = trainer.run_spec.rollout_length
-      timed = measure_train(learner, spec, horizon, [layout.num_envs], seconds)[0]
+      timed = measure_train(learner, trainer.stages.spec, run.rollout_length, [trainer.layout.num_envs], seconds)[0]
     finally:
       trainer.abort()
   allreduce = 4 * params * steps
-  return {"policy": policy, "env": env, "params": params, "optimizer_steps_per_update": steps,
+  return {"policy": run.policy.name, "env": run.env.name, "params": params, "optimizer_steps_per_update": steps,
           "allreduce_bytes_per_update": allreduce, "samples_per_update": timed["samples"],
           "update_s": timed["wall_s"],
           "hosts_within_10pct": {f"{g:g}Gbps": hosts_within(timed["wall_s"], allreduce, g) for g in LINKS_GBPS}}

@@ -20,6 +20,17 @@ _OUT = flags.DEFINE_string("out", "scaling.json", "Where to write the JSON.")
 _CONFIG = common.define_config(help_text="Base run config; --config.<key>=<value> overrides apply to every policy.")
 
 
+def policy_config(cfg, policy: str, policy_envs: dict):
+  """`cfg` with `policy` on its env and settings (ebrl/scaling.py's POLICY_ENVS)."""
+  env, extra = policy_envs[policy]
+  cfg = cfg.copy_and_resolve_references()
+  cfg.env.name, cfg.policy.name = env, policy
+  for key, value in extra.items():
+    section, leaf = key.split(".")
+    cfg[section][leaf] = value
+  return cfg
+
+
 def main(argv: list[str]) -> None:
   from ebrl import scaling  # pylint: disable=g-import-not-at-top
 
@@ -37,7 +48,7 @@ def main(argv: list[str]) -> None:
   print("| policy | env | params | optimiser steps / update | all-reduced MB / update | update s | hosts within 10%: "
         + " | ".join(f"{g:g} Gb/s" for g in scaling.LINKS_GBPS) + " |", flush=True)
   for policy in _POLICIES.value:
-    row = scaling.measure(cfg, policy, _SECONDS.value)
+    row = scaling.measure(policy_config(cfg, policy, scaling.POLICY_ENVS), _SECONDS.value)
     rows.append(row)
     hosts = " | ".join(f"{v:,.0f}" for v in row["hosts_within_10pct"].values())
     print(f"| {policy} | {row['env']} | {row['params']:,} | {row['optimizer_steps_per_update']} | "

@@ -26,8 +26,9 @@ def test_at_the_host_count_it_gives_the_all_reduce_is_a_tenth_of_the_update(upda
 
 
 def test_measure_counts_every_trainable_parameter_once_per_optimiser_step():
-  cfg = tiny_config()
-  row = scaling.measure(cfg, "mlp", seconds=0.05)
+  cfg = tiny_config()  # mlp on MetaWorld/Reach-v3.
+  row = scaling.measure(cfg, seconds=0.05)
+  assert (row["policy"], row["env"]) == ("mlp", "MetaWorld/Reach-v3")
   from policies.mlp import MLPPolicy  # pylint: disable=g-import-not-at-top
   from sim_adapters import make_adapter  # pylint: disable=g-import-not-at-top
 

@@ -58,7 +58,8 @@ def check(identity: ProcessIdentity) -> None:
                     "--coordinator_address, --num_processes and --process_id with it")
   if not identity.given:
     return
-  if not _ADDRESS.match(identity.coordinator_address) or not 0 < _host_port(identity.coordinator_address)[1] < 65536:
+  address = _ADDRESS.match(identity.coordinator_address)
+  if not address or not 0 < int(address["port"]) < 65536:
     raise UserError(f"--coordinator_address={identity.coordinator_address!r} is not host:port (a port in 1-65535), "
                     "e.g. 10.0.0.1:12345 or localhost:12345")
   if identity.num_processes < 1:
@@ -97,6 +98,13 @@ def detected_cluster() -> str | None:
   return None
 
 
+def free_port() -> int:
+  """A port on localhost nothing listens on now (for a coordinator started moments later)."""
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
 def _host_port(address: str) -> tuple[str, int]:
   match = _ADDRESS.match(address)
   return match["host"].strip("[]"), int(match["port"])
@@ -130,11 +138,17 @@ def _wait_for_coordinator(identity: ProcessIdentity) -> None:
       time.sleep(0.2)
 
 
-def initialize(identity: ProcessIdentity) -> int:
+def initialize(identity: ProcessIdentity, max_processes: int | None = None) -> int:
   """Joins the run's other processes (flags, or a detected cluster); returns how many processes the
-  run has. One process without flags: nothing happens, and JAX's backend is left untouched."""
+  run has. One process without flags: nothing happens, and JAX's backend is left untouched. A
+  caller whose runs cannot yet span more than `max_processes` gets a UserError before anything is
+  contacted."""
   check(identity)
   cluster = None if identity.given else detected_cluster()
+  if max_processes is not None and ((identity.num_processes or 1) > max_processes or cluster is not None):
+    asked = f"--num_processes={identity.num_processes}" if identity.given else f"a {cluster} job of several tasks"
+    raise UserError(f"{asked}: this launcher's runs span one process for now; start it as one process "
+                    "(the multi-process learner update is ebrl/learner.py's, checked by its tests)")
   if not identity.given and cluster is None:
     return 1
   if identity.given and identity.num_processes == 1:

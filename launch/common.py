@@ -224,13 +224,5 @@ def join_run(max_processes: int | None = None) -> int:
     except ValueError:
       raise UserError(f"--local_device_ids={','.join(f.local_device_ids)} must be device indices, "
                       "e.g. --local_device_ids=0,1") from None
-  identity = distributed.ProcessIdentity(f.coordinator_address, f.num_processes, f.process_id, ids,
-                                         f.connect_timeout_s)
-  distributed.check(identity)
-  if max_processes is not None:
-    cluster = None if identity.given else distributed.detected_cluster()
-    if (identity.num_processes or 1) > max_processes or cluster is not None:
-      asked = f"--num_processes={identity.num_processes}" if identity.given else f"a {cluster} job of several tasks"
-      raise UserError(f"{asked}: this launcher's runs span one process for now; start it as one process "
-                      "(the multi-process learner update is ebrl/learner.py's, checked by its tests)")
-  return distributed.initialize(identity)
+  return distributed.initialize(distributed.ProcessIdentity(
+      f.coordinator_address, f.num_processes, f.process_id, ids, f.connect_timeout_s), max_processes)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,19 +20,13 @@ import time
 
 from absl import flags
 
+from ebrl import distributed
 from launch import common
 
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", 2, "Processes to start.")
 _MODULE = flags.DEFINE_string("module", "launch.train", "The launcher each process runs (python -m <module>).")
 _GRACE_S = flags.DEFINE_float("grace_s", 90.0, "After a process fails, seconds the others get to notice it and "
                               "exit on their own before they are stopped.")
-
-
-def free_port() -> int:
-  """A port on localhost nothing listens on now (the coordinator binds it moments later)."""
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
 
 
 def _relay(index: int, stream) -> None:
@@ -44,7 +37,7 @@ def _relay(index: int, stream) -> None:
 
 def launch(module: str, num_processes: int, args: list[str], grace_s: float) -> int:
   """Runs the processes to the end; returns the first non-zero exit code, or 0."""
-  coordinator = f"localhost:{free_port()}"
+  coordinator = f"localhost:{distributed.free_port()}"
   procs: list[subprocess.Popen] = []
   exits: queue.Queue[tuple[int, int]] = queue.Queue()  # (index, code) in the order processes ended.
   stop = threading.Event()
@@ -64,7 +57,7 @@ def launch(module: str, num_processes: int, args: list[str], grace_s: float) -> 
         threading.Thread(target=_relay, args=(i, procs[-1].stdout), daemon=True).start()
       # A waiter per process: the first to end is told first, even when the others follow within
       # milliseconds (a run's processes stop together once one of them is lost).
-      threading.Thread(target=lambda i=i, p=procs[-1]: exits.put((i, p.wait())), daemon=True).start()
+      threading.Thread(target=lambda i=i, p=procs[-1]: exits.put((i, _exit_code(p.wait()))), daemon=True).start()
     first_failure, deadline, ended = 0, None, 0
     while ended < num_processes and not stop.is_set():
       try:
@@ -89,6 +82,11 @@ def launch(module: str, num_processes: int, args: list[str], grace_s: float) -> 
         p.wait()
     for sig, handler in previous.items():
       signal.signal(sig, handler)
+
+
+def _exit_code(returncode: int) -> int:
+  """A process's exit status as a shell reports it: 128 + N for one ended by signal N (Popen: -N)."""
+  return 128 - returncode if returncode < 0 else returncode
 
 
 def _stop(live: list[subprocess.Popen], timeout_s: float = 30.0) -> None:

@@ -126,18 +126,22 @@ def train(config: ml_collections.ConfigDict | Mapping | None = None, workdir: st
   if cfg.resume and not workdir:
     raise UserError("resume=True continues the run in its workdir; pass workdir=<the run's directory>")
   from ebrl import interrupts, runtime  # pylint: disable=g-import-not-at-top
+  from ebrl.process_group import joined  # pylint: disable=g-import-not-at-top
   from ebrl import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   from ebrl.resources import gpu_sharing  # pylint: disable=g-import-not-at-top
-  from ebrl.validation import resolve  # pylint: disable=g-import-not-at-top
+  from ebrl.validation import check_processes, resolve  # pylint: disable=g-import-not-at-top
 
   # The config and the workdir first: nothing is started (no MPS daemon, no JAX backend) for a
   # request that cannot run, and the training stack is imported only for one that can (a mistake
   # is told in a second, not after the seconds JAX, MuJoCo and the plots take to import). The
   # checks that need the device count follow in the Trainer.
   run = resolve(cfg)
+  group = joined()
+  run = check_processes(run, group.count, group.index)  # This process's share of a run over several.
   from ebrl.trainer import Trainer  # pylint: disable=g-import-not-at-top
   workdir = os.path.abspath(workdir or default_workdir(cfg))
-  workdir_lib.prepare(workdir, run.config, run.outputs.resume)
+  if group.leader:  # Over several processes, process 0's (the Trainer tells the others).
+    workdir_lib.prepare(workdir, run.config, run.outputs.resume)
   runtime.limit_xla_threads()  # No effect once JAX has started (a notebook that used it already).
   runtime.enable_compilation_cache()
   stop = threading.Event()
@@ -158,7 +162,11 @@ def train(config: ml_collections.ConfigDict | Mapping | None = None, workdir: st
           raise
         log("interrupted; saving a checkpoint and the summary")  # No handler could be installed here.
       summary = trainer.finish()  # A second interrupt during it is held until it is done.
-    except BaseException:
+    except BaseException as e:
+      if trainer.watch is not None and isinstance(e, Exception) and not isinstance(e, UserError):
+        lost = trainer.watch.lost(wait_s=5.0)  # A collective failed: is another process gone?
+        if lost:
+          trainer.watch.report_lost(lost, f"a collective failed ({type(e).__name__})")  # Ends this process.
       trainer.abort()  # Releases everything; the last checkpoint on disk stays the run's.
       raise
   return Summary(summary, _paths(trainer.workdir))

@@ -161,6 +161,12 @@ def initialize(identity: ProcessIdentity, max_processes: int | None = None) -> i
   import jax  # pylint: disable=g-import-not-at-top
 
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  # A lost process must not abort the others with JAX's fatal log: with recoverability the
+  # survivors go on, notice the loss themselves (ebrl/peer_watch.py) and exit with one line.
+  jax.config.update("jax_enable_recoverability", True)
+  import atexit  # pylint: disable=g-import-not-at-top
+  from ebrl import process_group  # pylint: disable=g-import-not-at-top
+  atexit.register(process_group.leave_at_exit)  # After JAX's registration: runs before its clean-up.
   kwargs = dict(initialization_timeout=identity.connect_timeout_s, heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
   try:
     if identity.given:

@@ -13,6 +13,10 @@ What each field means for each scheduler:
 * pipelined: `pipelined.num_partitions` groups ("env partitions") that take turns within a rollout.
 * ebrl: `ebrl.num_groups` groups stepping independently; an update takes
   `segments_per_update` finished segments of `rollout_length` steps.
+
+In a run over several processes the sizes are one process's share: its envs,
+its groups, the segments it gives each update (`num_processes` times that is
+the update's batch); the update count is the run's.
 """
 
 from __future__ import annotations
@@ -45,10 +49,24 @@ class RunLayout:
   thread_affinity_offset: int  # EnvPool's first pinned core; -1 = not pinned.
   chunk_size: int  # Actions per decision.
   gamma: float  # The learner's discount per transition (one transition = one chunk).
+  # A run over several processes: each holds `num_envs` of the run's num_processes * num_envs
+  # envs and gives `segments_per_update` segments to every update (ebrl/spec.py's `share`).
+  num_processes: int = 1
+  process_index: int = 0
+
+  @property
+  def run_num_envs(self) -> int:
+    """Every process's envs: the run's num_envs."""
+    return self.num_envs * self.num_processes
+
+  @property
+  def env_id_offset(self) -> int:
+    """This process's first env in the run's numbering (the learner's per-env statistics)."""
+    return self.num_envs * self.process_index
 
   def updates_for(self, total_env_steps: int) -> int:
     """Updates a budget other than the config's pays for (benchmarks and tests run shorter)."""
-    return total_updates(self.samples_per_update, total_env_steps)
+    return total_updates(self.samples_per_update * self.num_processes, total_env_steps)
 
 
 def total_updates(samples_per_update: int, total_env_steps: int) -> int:

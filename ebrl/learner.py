@@ -121,7 +121,7 @@ class LearnerConfig:
         gamma=layout.gamma, gae_lambda=a.gae_lambda, epochs=a.epochs, num_minibatches=a.num_minibatches,
         learning_rate=a.learning_rate, lr_schedule=a.lr_schedule, total_updates=layout.total_updates,
         max_grad_norm=a.max_grad_norm, target_kl=a.target_kl, reward_scale=a.reward_scale,
-        reward_norm=a.reward_norm, num_envs=layout.num_envs, obs_norm_update=a.obs_norm_update,
+        reward_norm=a.reward_norm, num_envs=layout.run_num_envs, obs_norm_update=a.obs_norm_update,
         value_norm=a.value_norm, value_norm_count=float(a.value_norm_count), max_staleness=max_staleness,
         algorithm=a.name, group_size=a.group_size,
         critic_warmup_updates=a.critic_warmup_updates, ref_kl_coef=float(a.ref_kl_coef), ratio_level=a.ratio_level,

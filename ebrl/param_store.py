@@ -22,6 +22,8 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
+from ebrl.learner import process_local
+
 
 def policy_params(state) -> Any:
   return state.params
@@ -47,7 +49,8 @@ class ParamStore:
     self.publish_params(self._select(state), int(state.version))
 
   def publish_params(self, params, version: int) -> None:
-    copy = jax.tree.map(jnp.copy, params)
+    # This process's copy of a learner's replicated params over several processes: acting is local.
+    copy = jax.tree.map(jnp.copy, process_local(params))
     if self._place is not None:
       copy = self._place(copy)
     with self._lock:

@@ -10,25 +10,39 @@ What a checkpoint carries besides the train state (wall time, time to success,
 best windows, the episode window, the sampler's counter...) is the recorder's:
 `restore` takes it back from a checkpoint's metadata before the first row is
 written, so a resumed run's curve and summary continue the run's, not the launch's.
+
+In a run over several processes every process records every update: the
+run's figures are the processes' combined (ebrl/telemetry/process_tally.py, one
+gather per update, which also carries the stop, log and checkpoint decisions so
+that every process takes them at the same update), checkpoints are written by
+all of them together (Orbax), and process 0 alone writes the metrics, the
+progress bar, summary.json and the plots; each process writes its own trace.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
+import threading
 import time
 from typing import Any, Callable
 
 import jax
+import numpy as np
 import tqdm
 import tqdm.auto
 
 from ebrl import interrupts
 from ebrl.checkpointing import Checkpointer
+from ebrl.errors import UserError
+from ebrl.learner import process_local
+from ebrl.process_group import ProcessGroup
 from ebrl.spec import RunSpec
 from ebrl.telemetry import plots
 from ebrl.telemetry.episodes import EpisodeTracker
+from ebrl.telemetry.process_tally import ProcessTally
 from ebrl.telemetry.stages import StageClock
 from ebrl.telemetry.trace import Tracer
 from ebrl.telemetry.writers import MetricsWriter, read_jsonl, write_json
@@ -68,12 +82,20 @@ class RunRecorder:
 
   def __init__(self, workdir: str, run: RunSpec, state, checkpointer: Checkpointer, *, tracker: EpisodeTracker,
                clock: StageClock, tracer: Tracer, sampler, envs, host_envs, tuner_metrics: Callable[[], dict],
-               controller_plot: bool, env_seed: int, launch_time: float, startup_s: dict[str, float]):
+               controller_plot: bool, env_seed: int, launch_time: float, startup_s: dict[str, float],
+               group: ProcessGroup = ProcessGroup(), stop: threading.Event | None = None,
+               stop_signal: threading.Event | None = None):
+    """Over several processes (`group`), a stop asked of any process (`stop_signal`) sets `stop`
+    on every process at the same update (the one event a run of one process uses for both)."""
     self.workdir = workdir
     self.run = run
     self.state = state  # The latest update's (the report's) state: what a checkpoint saves.
     self.checkpointer = checkpointer
-    self.tracker = tracker
+    self.tracker = tracker  # This process's envs.
+    self.group = group
+    # What the run's figures are read from: the tracker itself, or every process's combined.
+    self.tally = tracker if group.count == 1 else ProcessTally(tracker, clock, group)
+    self.stop, self.stop_signal = stop, stop_signal
     self.clock = clock
     self.tracer = tracer
     self.sampler = sampler
@@ -108,7 +130,8 @@ class RunRecorder:
     """Continues the run a checkpoint (`state`, `meta`) left; before `open`."""
     self.state = state
     self.updates_done = int(state.version)
-    self.tracker.env_steps = int(meta["env_steps"])
+    mine = self._process_meta(meta)
+    self.tracker.env_steps = int(mine["env_steps"])
     self.prior_wall_s = float(meta["wall_s"])
     self.time_to_success_s = meta.get("time_to_success_s")
     self.env_steps_to_success = meta.get("env_steps_to_success")
@@ -119,13 +142,26 @@ class RunRecorder:
     self.stale_dropped = int(meta.get("stale_dropped", 0))
     self.force_started = int(meta.get("force_started", 0))
     self.start_eval = meta.get("start_eval")
-    self.tracker.load_state_dict(meta.get("episodes", {}))
-    self.sampler.restore_counter(int(meta.get("sampler_calls", 0)))
-    drop_rows_after(os.path.join(self.workdir, "metrics.jsonl"), self.env_steps)
+    self.tracker.load_state_dict(mine.get("episodes", {}))
+    self.sampler.restore_counter(int(mine.get("sampler_calls", 0)))
+    if self.group.leader:
+      drop_rows_after(os.path.join(self.workdir, "metrics.jsonl"), int(meta["env_steps"]))
+    if self.group.count > 1:
+      self.tally.refresh(())  # The run's counts as they were saved, for the first row and the bar.
+
+  def _process_meta(self, meta: dict) -> dict:
+    """This process's part of a checkpoint's metadata (a run of one process: the metadata itself);
+    a UserError when the checkpoint was written by a run of another number of processes."""
+    parts = meta.get("processes")
+    saved = len(parts) if parts else 1
+    if saved != self.group.count:
+      raise UserError(f"the checkpoint at {int(meta['env_steps'])} env steps was written by a run of {saved} "
+                      f"process{'es' if saved > 1 else ''}; resume it with --num_processes={saved}")
+    return parts[self.group.index] if parts else meta
 
   def open(self, progress: bool) -> None:
     """Opens metrics.jsonl / TensorBoard and the progress bar; the launch's clock starts here."""
-    self.writer = MetricsWriter(self.workdir)
+    self.writer = MetricsWriter(self.workdir) if self.group.leader else None
     self.startup_s["built"] = time.time() - self.launch_time
     self.start_env_steps = self.env_steps
     self.start_time = time.time()
@@ -133,7 +169,8 @@ class RunRecorder:
     self._last_ckpt = self.start_time
     # tqdm.auto: a widget in a notebook, the text bar in a terminal.
     self.bar = tqdm.auto.tqdm(total=self.run.total_env_steps, initial=self.env_steps, unit="step",
-                              unit_scale=True, mininterval=1.0, dynamic_ncols=True, disable=not progress)
+                              unit_scale=True, mininterval=1.0, dynamic_ncols=True,
+                              disable=not (progress and self.group.leader))
 
   def close(self) -> None:
     """Closes the progress bar and the metrics files (each guarded by its caller's release)."""
@@ -146,8 +183,9 @@ class RunRecorder:
 
   @property
   def env_steps(self) -> int:
-    """The run's env steps (decisions), as the schedulers count them on the tracker."""
-    return self.tracker.env_steps
+    """The run's env steps (decisions), as the schedulers count them on the tracker (every
+    process's, as of the last update, in a run over several)."""
+    return self.tally.env_steps
 
   def wall_s(self) -> float:
     return self.prior_wall_s + time.time() - self.launch_time
@@ -159,19 +197,19 @@ class RunRecorder:
   def _note_success(self) -> None:
     """Takes the moment the episode window first reached the target (the tracker notes it as the
     episodes finish, and the env steps taken by then, to within one step batch)."""
-    if self.time_to_success_s is None and self.tracker.env_steps_at_hit is not None:
-      self.time_to_success_s = self.prior_wall_s + self.tracker.first_hit - self.launch_time
-      self.env_steps_to_success = self.tracker.env_steps_at_hit
+    if self.time_to_success_s is None and self.tally.env_steps_at_hit is not None:
+      self.time_to_success_s = self.prior_wall_s + self.tally.first_hit - self.launch_time
+      self.env_steps_to_success = self.tally.env_steps_at_hit
 
   def _note_best(self) -> None:
-    sr = self.tracker.success_rate
+    sr = self.tally.success_rate
     if math.isfinite(sr):
       self.best_success_rate = sr if not math.isfinite(self.best_success_rate) else max(self.best_success_rate, sr)
-      if self.time_to_success_s is None and self.tracker.window_full and sr >= self.run.outputs.target_success:
+      if self.time_to_success_s is None and self.tally.window_full and sr >= self.run.outputs.target_success:
         self.time_to_success_s = self.wall_s()  # A window restored at the target (resume).
         self.env_steps_to_success = self.env_steps
-    if self.tracker.tasks:
-      self.best_success_by_task = _best_by_task(self.best_success_by_task, self.tracker.success_rate_by_task)
+    if self.tally.tasks:
+      self.best_success_by_task = _best_by_task(self.best_success_by_task, self.tally.success_rate_by_task)
 
   def record(self, report: UpdateReport) -> None:
     """An update's report: its state becomes the run's; metrics, checkpoint and progress as due."""
@@ -185,17 +223,24 @@ class RunRecorder:
     self.force_started += report.force_started
     if "stale_dropped" in report.metrics:
       self.stale_dropped += int(report.metrics["stale_dropped"])
+    log_due = now - self._last_log[0] >= self.run.outputs.log_every_s
+    checkpoint_due = now - self._last_ckpt >= self.run.outputs.checkpoint_every_s
+    if self.group.count > 1:  # Process 0's clock decides, every process's stop counts.
+      agreed = self.tally.refresh((self.stop_signal.is_set(), log_due, checkpoint_due))
+      log_due, checkpoint_due = bool(agreed[0, 1]), bool(agreed[0, 2])
+      if agreed[:, 0].any():
+        self.stop.set()
     self._note_success()
     self._note_best()
     self._last_metrics = report.metrics
-    if now - self._last_log[0] >= self.run.outputs.log_every_s:
+    if log_due:
       self.log(report.metrics)
-    if now - self._last_ckpt >= self.run.outputs.checkpoint_every_s:
+    if checkpoint_due:
       self.checkpoint()
     # tqdm shows env steps/s itself (smoothed) and redraws at most once a second.
-    sr = self.tracker.success_rate
+    sr = self.tally.success_rate
     self.bar.set_postfix_str(f"success {sr:.2f}" if math.isfinite(sr)
-                             else f"return {self.tracker.episode_return:.1f}", refresh=False)
+                             else f"return {self.tally.episode_return:.1f}", refresh=False)
     self.bar.update(min(self.env_steps, self.run.total_env_steps) - self.bar.n)
 
   def mark(self, mark: Mark, t: float) -> None:
@@ -212,12 +257,20 @@ class RunRecorder:
     t, s = self._last_log
     return (self.env_steps - s) / max(time.time() - t, 1e-9)
 
-  def log(self, metrics: dict) -> dict:
-    """One metrics.jsonl / TensorBoard row: progress, episodes, stage times, the update's metrics."""
-    now = time.time()
+  def busy_s(self) -> dict[str, float]:
+    """Each stage's busy seconds (the processes' mean in a run over several)."""
     stages = self.clock.snapshot()
+    if self.group.count > 1:
+      stages.update(self.tally.busy_s())
+    return stages
+
+  def log(self, metrics: dict) -> dict:
+    """One metrics.jsonl / TensorBoard row (process 0's to write): progress, episodes, stage times,
+    the update's metrics."""
+    now = time.time()
+    stages = self.busy_s()
     elapsed = now - self.start_time
-    tracker = self.tracker
+    tracker = self.tally
     row = {
         "env_steps": self.env_steps,
         "wall_s": self.wall_s(),
@@ -234,10 +287,11 @@ class RunRecorder:
         "time_other_s": max(0.0, elapsed - sum(stages.values())),
         "nan_resets": self.envs.nan_resets,
         **({"sim_steps": self.sim_steps()} if self.run.policy.chunk_size > 1 else {}),
-        **{k: float(v) for k, v in jax.device_get(metrics).items()},
+        **{k: float(v) for k, v in jax.device_get(process_local(metrics)).items()},
         **self.tuner_metrics(),
     }
-    self.writer.write(row)
+    if self.writer is not None:
+      self.writer.write(row)
     self._last_log = (now, self.env_steps)
     return row
 
@@ -248,13 +302,16 @@ class RunRecorder:
       tqdm.tqdm.write("not checkpointing: the train state is inside an unfinished update")
       return
     env_steps = self.env_steps  # Read once: the sampler thread may be adding to it.
+    mine = {"episodes": self.tracker.state_dict(), "sampler_calls": self.sampler.calls}
+    if self.group.count > 1:  # Each process's own counts, in process order; the step is the run's.
+      mine = {"processes": self.group.gather_json({**mine, "env_steps": self.tracker.env_steps})}
     meta = {"env_steps": env_steps, "wall_s": self.wall_s(), "time_to_success_s": self.time_to_success_s,
             "env_steps_to_success": self.env_steps_to_success,
             "best_success_rate": finite_or_none(self.best_success_rate),
             **({"best_success_rate_by_task": dict(self.best_success_by_task)} if self.tracker.tasks else {}),
             "stale_dropped": self.stale_dropped, "force_started": self.force_started, "env_seed": self.env_seed,
             **({"start_eval": self.start_eval} if self.start_eval is not None else {}),
-            "episodes": self.tracker.state_dict(), "sampler_calls": self.sampler.calls}
+            **mine}
     with interrupts.uninterruptible():
       self.checkpointer.save(env_steps, self.state, meta)
     self._last_ckpt = time.time()
@@ -265,17 +322,19 @@ class RunRecorder:
     """Before the final checkpoint: episodes that finished after the last update count, and the
     last update's metrics get their row."""
     self.bar.close()
+    if self.group.count > 1:
+      self.tally.refresh(())
     self._note_success()
     if self._last_metrics:
       self.log(self._last_metrics)
-    if self.tracker.tasks:
-      self.best_success_by_task = _best_by_task(self.best_success_by_task, self.tracker.success_rate_by_task)
+    if self.tally.tasks:
+      self.best_success_by_task = _best_by_task(self.best_success_by_task, self.tally.success_rate_by_task)
 
   def summarize(self, final_eval: dict | None) -> dict:
-    """summary.json, the plots and trace.json; returns the summary."""
-    run, tracker = self.run, self.tracker
+    """summary.json and the plots (process 0's to write) and this process's trace; returns the summary."""
+    run, tracker = self.run, self.tally
     elapsed = time.time() - self.start_time
-    stages = self.clock.snapshot()
+    stages = self.busy_s()
     summary: dict[str, Any] = {
         "env": run.env.name,
         "policy": run.policy.name,
@@ -301,7 +360,12 @@ class RunRecorder:
         "startup_s": self.startup_s,
         "stage_busy": {k: v / max(elapsed, 1e-9) for k, v in stages.items()},
         **({"start_eval": self.start_eval, "final_eval": final_eval} if final_eval is not None else {}),
+        "num_processes": self.group.count,
+        "params_sha256_by_process": self.params_digests(),
     }
+    if not self.group.leader:
+      self.tracer.write_chrome(os.path.join(self.workdir, f"trace.process{self.group.index}.json"))
+      return summary
     write_json(os.path.join(self.workdir, "summary.json"), summary)
     title = f"{run.env.name} · {run.policy.name} · {run.scheduler}"
     rows = read_jsonl(os.path.join(self.workdir, "metrics.jsonl"))
@@ -314,6 +378,19 @@ class RunRecorder:
     self.tracer.write_chrome(os.path.join(self.workdir, "trace.json"))
     plots.timeline(self.tracer.spans(), os.path.join(self.workdir, "plots", "timeline.png"), title)
     return summary
+
+  def params_digests(self) -> list[str]:
+    """Each process's SHA-256 of the policy params it holds, in process order; a RuntimeError when
+    they differ (a learner over several processes keeps one replicated state: checked, not assumed)."""
+    params = jax.device_get(process_local(self.state.params))
+    digest = hashlib.sha256()
+    for leaf in jax.tree.leaves(params):
+      digest.update(np.ascontiguousarray(leaf).tobytes())
+    digests = self.group.gather_json(digest.hexdigest())
+    if len(set(digests)) > 1:
+      raise RuntimeError(f"the processes' policy params differ after {int(self.state.version)} updates "
+                         f"(SHA-256 by process: {digests})")
+    return digests
 
   def _controller_plot(self, rows: list[dict], title: str) -> None:
     """plots/controller.png: throughput against the plan's prediction, shifts and re-plans marked."""

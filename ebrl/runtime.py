@@ -8,8 +8,17 @@ import platform
 
 
 def enable_compilation_cache() -> None:
-  """JAX's persistent compilation cache: a second launch skips most compiles."""
+  """JAX's persistent compilation cache: a second launch skips most compiles.
+
+  Not in a run over several processes: on CPU (gloo, this JAX) a learner update read back from the
+  cache waits forever in its first collective (a fresh compile of the same update runs; measured
+  with two processes on one machine: the second launch of the same run hung in its first update).
+  """
   import jax
+  from ebrl.process_group import joined  # pylint: disable=g-import-not-at-top
+
+  if joined().count > 1:
+    return
 
   path = os.environ.get("EBRL_JAX_CACHE", os.path.expanduser("~/.cache/ebrl/jax"))
   jax.config.update("jax_compilation_cache_dir", path)

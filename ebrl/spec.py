@@ -182,6 +182,14 @@ class RunSpec:
   tasks: tuple[str, ...] | None  # A multi-task MetaWorld env's tasks, None for one env.
   layout: RunLayout = dataclasses.field(compare=False)
   config: Mapping[str, Any] = dataclasses.field(compare=False, repr=False)
+  # A run over several processes: this spec is process `process_index`'s share (see `share`).
+  num_processes: int = 1
+  process_index: int = 0
+
+  @property
+  def run_num_envs(self) -> int:
+    """The run's envs, every process's together (the config's num_envs)."""
+    return self.num_envs * self.num_processes
 
   @property
   def max_staleness(self) -> int:
@@ -206,6 +214,22 @@ def translate(cfg) -> RunSpec:
       outputs=_section(OutputSettings, cfg), device_env=is_device_env(cfg.env.name),
       tasks=multitask_tasks(cfg.env.name), layout=None, config=json.loads(cfg.to_json_best_effort()))
   return dataclasses.replace(spec, layout=derive_layout(spec))
+
+
+def share(spec: RunSpec, num_processes: int, process_index: int) -> RunSpec:
+  """Process `process_index`'s part of a run over `num_processes` processes: the config's
+  `num_envs` and `ebrl.segments_per_update` count every process's, so each process runs
+  num_envs / num_processes envs and gives that share of every update's segments; the budget
+  (total_env_steps, the update count) stays the run's. `validation.check_processes` has checked
+  that the sizes divide. One process: `spec` itself."""
+  if num_processes == 1:
+    return spec
+  async_ = spec.async_
+  if async_ is not None:
+    async_ = dataclasses.replace(async_, segments_per_update=async_.segments_per_update // num_processes)
+  local = dataclasses.replace(spec, num_envs=spec.num_envs // num_processes, async_=async_,
+                              num_processes=num_processes, process_index=process_index)
+  return dataclasses.replace(local, layout=derive_layout(local))
 
 
 def _num_groups(spec: RunSpec) -> int:
@@ -256,7 +280,7 @@ def derive_layout(spec: RunSpec, plan=None) -> RunLayout:
     gamma = gamma ** k
   return RunLayout(num_envs=spec.num_envs, num_groups=groups, envs_per_group=per_group,
                    rollout_length=spec.rollout_length, segments_per_update=segments, samples_per_update=samples,
-                   total_updates=total_updates(samples, spec.total_env_steps), recv_batch=recv,
+                   total_updates=total_updates(samples * spec.num_processes, spec.total_env_steps), recv_batch=recv,
                    max_gen_batch=max_gen, gen_batch_fixed=bool(asynchronous is not None and asynchronous.max_gen_batch),
                    sim_threads=threads, thread_affinity_offset=plan.thread_affinity_offset if plan is not None else -1,
-                   chunk_size=k, gamma=gamma)
+                   chunk_size=k, gamma=gamma, num_processes=spec.num_processes, process_index=spec.process_index)

@@ -104,7 +104,7 @@ def build(run: RunSpec, devices: DevicePlacement, env_seed: int, hold: Callable[
     raise UserError(f"policy '{run.policy.name}': {e}") from None
   actions = action_size(policy, env_spec)
   learner = Learner(policy, LearnerConfig.of(run.algorithm, layout, run.max_staleness),
-                    mesh=make_mesh(_local_devices(placement.train)))
+                    mesh=make_mesh(_train_devices(placement.train)))
   process_spec = _learner_process_spec(run, resources, learner, env_spec, layout, actions, placement)
   # threads or processes; a learner process's /dev/shm space is checked here, before any compile.
   stage_placement = _stage_placement(run, resources, learner, process_spec, say)
@@ -113,7 +113,7 @@ def build(run: RunSpec, devices: DevicePlacement, env_seed: int, hold: Callable[
   # Host acting: generation on its own devices (a device env's policy acts inside the sim's scan).
   gen_mesh = None if device_sim is not None else make_mesh(_local_devices(placement.gen))
   params = _param_store(device_sim, gen_mesh)
-  sampler = Sampler(policy, env_spec, params, seed=run.seed + 1, mesh=gen_mesh,
+  sampler = Sampler(policy, env_spec, params, seed=_sampler_seed(run), mesh=gen_mesh,
                     prenormalized=run.algorithm.obs_norm_update == "every_step")
   return Stages(layout=layout, placement=placement, resources=resources, overlap=overlap, tracer=tracer,
                 clock=clock, host_envs=host_envs, device_sim=device_sim, spec=env_spec, policy=policy,
@@ -125,6 +125,22 @@ def build(run: RunSpec, devices: DevicePlacement, env_seed: int, hold: Callable[
 def _local_devices(indices: tuple[int, ...]) -> list:
   local = jax.local_devices()
   return [local[i] for i in indices]
+
+
+def _train_devices(indices: tuple[int, ...]) -> list:
+  """The learner's mesh: these local devices of every process of the run, in process order (the
+  order in which the processes' env columns make up each update's batch, ebrl/learner.py)."""
+  if jax.process_count() == 1:
+    return _local_devices(indices)
+  by_process = [[d for d in jax.devices() if d.process_index == p] for p in range(jax.process_count())]
+  return [devices[i] for devices in by_process for i in indices]
+
+
+def _sampler_seed(run: RunSpec) -> int:
+  """The sampler's seed: the run's + 1, and a disjoint reproducible one for each further process."""
+  if run.process_index == 0:
+    return run.seed + 1
+  return int(np.random.SeedSequence([run.seed + 1, run.process_index]).generate_state(1)[0]) % (1 << 30)
 
 
 def _resource_manager(run: RunSpec, say: Say):
@@ -179,7 +195,7 @@ def _host_groups(run: RunSpec, layout: RunLayout, env_seed: int, clock: StageClo
     with adopt:
       groups = make_env_groups(
           env.name, layout.num_groups, layout.envs_per_group, recv_batch=layout.recv_batch,
-          num_threads=layout.sim_threads, seed=env_seed, max_episode_steps=env.max_episode_steps,
+          num_threads=layout.sim_threads, seed=env_seed, first_group=layout.process_index * layout.num_groups, max_episode_steps=env.max_episode_steps,
           from_pixels=env.from_pixels, render_size=env.render_size, straggler_fraction=env.straggler_fraction,
           straggler_slowdown=env.straggler_slowdown, straggler_step_s=env.straggler_step_ms / 1000.0 or None,
           shift_at_s=env.shift_at_s, shift_sim_us=env.shift_sim_us, chunk_size=run.policy.chunk_size,

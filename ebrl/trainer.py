@@ -24,10 +24,11 @@ import tqdm
 
 from ebrl import interrupts, validation
 from ebrl import workdir as workdir_lib
-from ebrl.checkpointing import Checkpointer
+from ebrl.checkpointing import Checkpointer, latest_meta
 from ebrl.driver import Budget, drive
 from ebrl.errors import UserError
-from ebrl.learner import with_reference
+from ebrl.learner import process_local, with_reference
+from ebrl.process_group import ProcessGroup, joined
 from ebrl.recorder import RunRecorder
 from ebrl.scheduler import make_scheduler
 from ebrl.scheduler.context import RunContext
@@ -43,15 +44,18 @@ def launch_env_seed(seed: int, env_steps: int) -> int:
   return int(np.random.SeedSequence([seed, env_steps]).generate_state(1)[0]) % (1 << 30)
 
 
-def _latest_meta(directory: str) -> dict | None:
-  """The newest checkpoint's metadata, read before anything is built (no directory is created)."""
-  if not os.path.isdir(directory):
-    return None
-  probe = Checkpointer(directory, warn=lambda m: None)
-  try:
-    return probe.latest_meta()
-  finally:
-    probe.close()
+def _prepare_workdir(group: ProcessGroup, workdir: str, run_spec: RunSpec) -> None:
+  """Process 0 prepares the workdir (ebrl/workdir.py) and tells the others whether it could: a
+  workdir a run cannot use is the same one-line error on every process."""
+  error = None
+  if group.leader:
+    try:
+      workdir_lib.prepare(workdir, run_spec.config, run_spec.outputs.resume)
+    except UserError as e:
+      error = str(e)
+  error = group.gather_json(error)[0]
+  if error is not None:
+    raise UserError(error)
 
 
 class _Stage:
@@ -98,8 +102,13 @@ class Trainer:
                stop_requested: threading.Event | None = None):
     self._closers: list[tuple[str, Callable[[], None]]] = []  # Released last to first.
     self._finished: dict | None = None
-    # Ctrl-C / SIGTERM (ebrl.interrupts) ask the run to stop at the next update boundary.
-    self.stop_requested = stop_requested if stop_requested is not None else threading.Event()
+    # Ctrl-C / SIGTERM (ebrl.interrupts) ask the run to stop at the next update boundary. Over
+    # several processes the signal's event is only this process's request: the run stops when the
+    # recorder's gather has told every process (`stop_requested` is then set at the same update).
+    self.group = joined()
+    self.watch = None  # Over several processes: the PeerWatch (ebrl/peer_watch.py).
+    self.stop_signal = stop_requested if stop_requested is not None else threading.Event()
+    self.stop_requested = self.stop_signal if self.group.count == 1 else threading.Event()
     try:
       self._build(run_spec, workdir, launch_time, progress)
     except BaseException:
@@ -128,6 +137,14 @@ class Trainer:
              progress: bool) -> None:
     if not isinstance(run_spec, RunSpec):  # A config, from a notebook or a test: checked and translated here.
       run_spec = validation.resolve(run_spec)
+    group = self.group
+    group.check_same_config(run_spec.config)  # The first exchange: before anything else is.
+    if group.count > 1:
+      from ebrl.peer_watch import PeerWatch  # pylint: disable=g-import-not-at-top
+      self.watch = PeerWatch(group, os.path.join(os.path.abspath(workdir), "checkpoints")).start()
+      self._hold("process watch", self.watch.stop)
+    if run_spec.num_processes != group.count:  # This process's share of a run over several.
+      run_spec = validation.check_processes(run_spec, group.count, group.index)
     self.run_spec = run_spec
     self.workdir = os.path.abspath(workdir)
     self.launch_time = launch_time or time.time()
@@ -136,11 +153,11 @@ class Trainer:
     # taken, first update applied (startup_s in summary.json; the last two include compiles).
     startup_s = {"imports": time.time() - self.launch_time}
     device_placement = validation.check_devices(run_spec, jax.local_device_count())
-    workdir_lib.prepare(self.workdir, run_spec.config, run_spec.outputs.resume)
+    _prepare_workdir(group, self.workdir, run_spec)
     # A resumed launch draws fresh initial states: its env seed derives from the run seed and the
     # env steps it resumes at, so each launch from the same checkpoint is the same, and a run
     # preempted N times does not replay its first episodes N times.
-    resume_meta = _latest_meta(os.path.join(self.workdir, "checkpoints")) if run_spec.outputs.resume else None
+    resume_meta = latest_meta(os.path.join(self.workdir, "checkpoints")) if run_spec.outputs.resume else None
     self.env_seed = launch_env_seed(run_spec.seed, int(resume_meta["env_steps"]) if resume_meta else 0)
     self.stages = build(run_spec, device_placement, self.env_seed, self._hold, say)
     self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"),
@@ -152,7 +169,8 @@ class Trainer:
         tracker=stages.tracker, clock=stages.clock, tracer=stages.tracer, sampler=stages.sampler,
         envs=stages.envs, host_envs=stages.host_envs, tuner_metrics=self._tuner_metrics,
         controller_plot=stages.resources is not None and stages.resources.controller is not None,
-        env_seed=self.env_seed, launch_time=self.launch_time, startup_s=startup_s)
+        env_seed=self.env_seed, launch_time=self.launch_time, startup_s=startup_s, group=group,
+        stop=self.stop_requested, stop_signal=self.stop_signal)
     restored = self._resume() if run_spec.outputs.resume else False
     if run_spec.outputs.warm_start and restored:
       tqdm.tqdm.write(f"warm start from {run_spec.outputs.warm_start} not applied: "
@@ -168,7 +186,8 @@ class Trainer:
       self.stages.learner = start_learner_process(run_spec, self.stages, say)
       self._hold("learner process", self.stages.learner.close)
     # Last: a run that failed to build leaves no config.json, so the same workdir takes a retry.
-    workdir_lib.write_config(self.workdir, run_spec.config)
+    if group.leader:
+      workdir_lib.write_config(self.workdir, run_spec.config)
 
   def run_context(self) -> RunContext:
     """What the scheduler drives (ebrl/scheduler/context.py)."""
@@ -223,7 +242,7 @@ class Trainer:
     run_spec = self.run_spec
     n = run_spec.outputs.eval_episodes * max(1, len(self.tracker.tasks))
     result = make_runner(run_spec.env.name, n, HELD_OUT_SEED + run_spec.seed, RunEnv.of_spec(run_spec)).run(
-        self.policy, jax.device_get(self.state.params))
+        self.policy, jax.device_get(process_local(self.state.params)))
     rate = result.get("success_rate")
     tqdm.tqdm.write(f"{when} evaluation ({n} episodes): success {'n/a' if rate is None else f'{rate:.2f}'}, "
                     f"return {result['episode_return']:.1f}")
@@ -243,8 +262,9 @@ class Trainer:
 
   @property
   def env_steps(self) -> int:
-    """The run's env steps (decisions), as the schedulers count them on the tracker."""
-    return self.tracker.env_steps
+    """The run's env steps (decisions), as the schedulers count them on the tracker (every
+    process's in a run over several, as of its last update)."""
+    return self.recorder.env_steps
 
   def _tuner_metrics(self) -> dict:
     """The resource controller's and the overlap probe's figures for a metrics row."""
@@ -268,7 +288,11 @@ class Trainer:
     if self._finished is not None:
       return self._finished
     with interrupts.uninterruptible():
-      return self._finish()
+      summary = self._finish()
+    # Every process leaves together: process 0's coordination service must outlive the others'
+    # last calls (the watch stopped with the release, once no collective was left to fail).
+    self.group.leave()
+    return summary
 
   def _finish(self) -> dict:
     self.recorder.last_row()

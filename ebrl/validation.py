@@ -13,7 +13,7 @@ import math
 import os
 
 from ebrl.errors import UserError
-from ebrl.spec import RunSpec, translate
+from ebrl.spec import RunSpec, share, translate
 from sim_adapters.tasks import TaskListError, is_multitask, multitask_tasks
 
 SCHEDULERS = ("sync", "pipelined", "ebrl", "random")
@@ -168,6 +168,44 @@ def check_layout(spec: RunSpec) -> None:
     if spec.device_env and segments % per_group:  # A device group collects all its envs at once.
       raise UserError(f"ebrl.segments_per_update={segments} must be a multiple of the {per_group} envs per group "
                       f"(num_envs / ebrl.num_groups) for device env '{spec.env.name}'")
+
+
+def check_processes(spec: RunSpec, num_processes: int, process_index: int) -> RunSpec:
+  """This process's share of a run over `num_processes` processes (`ebrl.spec.share`), after
+  checking that the run can be split so (UserError, one line). `num_envs` and
+  `ebrl.segments_per_update` count every process's envs and segments."""
+  if num_processes == 1:
+    return spec
+  many = f"a run over {num_processes} processes"
+  unsupported = [
+      (spec.device_env, f"env '{spec.env.name}' (a device simulator)", "a host env"),
+      (spec.scheduler not in ("sync", "ebrl"), f"scheduler={spec.scheduler}", "scheduler=sync or ebrl"),
+      (spec.resources != "off", f"resources={spec.resources}",
+       "resources=off (a plan sizes one process's machine, and each process would plan its own)"),
+      (spec.learner_placement == "processes", "placement=processes", "placement=threads or auto"),
+      (spec.algorithm.obs_norm_update == "every_step", "algorithm.obs_norm_update=every_step",
+       "'after' or 'before' (per-step statistics would differ between processes)"),
+  ]
+  for bad, what, instead in unsupported:
+    if bad:
+      raise UserError(f"{what} is not supported in {many}; use {instead}")
+  if spec.num_envs % num_processes:
+    raise UserError(f"num_envs={spec.num_envs} must be divisible by --num_processes={num_processes} (num_envs counts "
+                    "every process's envs)")
+  segments = spec.async_.segments_per_update if spec.async_ is not None else 0
+  if segments % num_processes:
+    raise UserError(f"ebrl.segments_per_update={segments} must be divisible by --num_processes={num_processes} "
+                    "(every process gives the same number of segments to each update)")
+  local = share(spec, num_processes, process_index)
+  if spec.algorithm.name == "grpo" and local.num_envs % spec.algorithm.group_size:
+    raise UserError(f"algorithm.group_size={spec.algorithm.group_size} must divide each process's "
+                    f"num_envs / {num_processes} = {local.num_envs} envs")
+  try:
+    check_layout(local)
+  except UserError as e:
+    raise UserError(f"each of the {num_processes} processes runs num_envs / {num_processes} = {local.num_envs} envs: "
+                    f"{e}") from None
+  return local
 
 
 def check_devices(spec: RunSpec, num_devices: int):

@@ -25,7 +25,7 @@ from launch import common
 
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", 2, "Processes to start.")
 _MODULE = flags.DEFINE_string("module", "launch.train", "The launcher each process runs (python -m <module>).")
-_GRACE_S = flags.DEFINE_float("grace_s", 90.0, "After a process fails, seconds the others get to notice it and "
+_GRACE_S = flags.DEFINE_float("grace_s", 60.0, "After a process fails, seconds the others get to notice it and "
                               "exit on their own before they are stopped.")
 
 

@@ -31,7 +31,7 @@ def main(argv: list[str]) -> None:
   cfg = common.config_value(_CONFIG)
   if cfg.resume and not _WORKDIR.value:
     common.fail("--config.resume=True continues the run in --workdir; pass --workdir=<the run's directory>")
-  common.join_run(max_processes=1)
+  common.join_run()
   from ebrl import api  # pylint: disable=g-import-not-at-top
 
   summary = api.train(cfg, _WORKDIR.value, progress=_PROGRESS.value, launch_time=LAUNCH_TIME,

@@ -142,18 +142,20 @@ def make_adapter(name: str, num_envs: int, *, batch_size: int | None = None, num
 
 
 def make_env_groups(name: str, num_groups: int, envs_per_group: int, *, recv_batch: int | None = None,
-                    num_threads: int = 0, seed: int = 0, **kwargs):
+                    num_threads: int = 0, seed: int = 0, first_group: int = 0, **kwargs):
   """num_groups adapters of envs_per_group envs each (sync mode unless recv_batch < envs_per_group).
 
   Each group gets its own seed and `num_threads` EnvPool workers (the run's RunLayout gives a
   share of the cores to each group, so the groups together use the cores one adapter would).
+  Groups are numbered from `first_group` (a process's first, in a run over several), so every
+  group of a run draws different initial states.
   """
   from sim_adapters.groups import EnvGroups
 
   batch = recv_batch if recv_batch and recv_batch < envs_per_group else None
   return EnvGroups([
       make_adapter(name, envs_per_group, batch_size=batch, num_threads=num_threads, seed=seed + 7919 * g, **kwargs)
-      for g in range(num_groups)
+      for g in range(first_group, first_group + num_groups)
   ])
 
 

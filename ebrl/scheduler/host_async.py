@@ -58,8 +58,9 @@ from sim_adapters.base import StepBatch, concat_step_batches, concat_sorted
 _WAKE = ("wake", None)
 
 
-def stack_segments(segments: list[Segment]) -> SegmentBatch:
-  """Segments (each [T, ...]) side by side as a [T, B, ...] batch."""
+def stack_segments(segments: list[Segment], env_id_offset: int = 0) -> SegmentBatch:
+  """Segments (each [T, ...]) side by side as a [T, B, ...] batch; their env ids in the run's
+  numbering (a process of a run over several numbers its envs from `env_id_offset`)."""
   stack = lambda xs: np.stack(xs, axis=1)
   return SegmentBatch(
       obs={k: stack([s.obs[k] for s in segments]) for k in segments[0].obs},
@@ -68,7 +69,7 @@ def stack_segments(segments: list[Segment]) -> SegmentBatch:
       done=stack([s.done for s in segments]), valid=stack([s.valid for s in segments]),
       version=stack([s.version for s in segments]),
       discount=None if segments[0].discount is None else stack([s.discount for s in segments]),
-      env_ids=np.array([s.env_id for s in segments], np.int32))
+      env_ids=np.array([s.env_id for s in segments], np.int32) + env_id_offset)
 
 
 def _rows(b: StepBatch, idx: np.ndarray) -> dict[str, np.ndarray]:
@@ -351,8 +352,9 @@ class HostAsyncScheduler(Scheduler):
     self._pin("train")
     if self.pinning is not None:
       self.pinning.pin_xla()
-    self._state = learner_loop(self.ctx, self._state, self.queue, self._stages, stack_segments, self._published,
-                               self._take_forced)
+    offset = self.ctx.layout.env_id_offset
+    self._state = learner_loop(self.ctx, self._state, self.queue, self._stages,
+                               lambda segments: stack_segments(segments, offset), self._published, self._take_forced)
 
   def _take_forced(self) -> int:
     """Segments force-started since the last report (the queue counts them all)."""

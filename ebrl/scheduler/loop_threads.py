@@ -72,6 +72,9 @@ class LoopThreads:
           continue
         try:
           yield item
+        except GeneratorExit:  # The driver stops here: no further update may start (every process
+          self.stop.set()      # of a run over several stops after the same one).
+          raise
         finally:
           taken.set()
     except KeyboardInterrupt:

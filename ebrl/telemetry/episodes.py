@@ -135,6 +135,15 @@ class EpisodeTracker:
   def window_full(self) -> bool:
     return len(self.recent) == self.window
 
+  def window_sums(self) -> np.ndarray:
+    """The window's episodes and their summed return, length and success, then per task its
+    window's episodes and successes: what the windows of several processes combine from."""
+    with self._lock:
+      sums = [len(self.recent), *(float(sum(e[i] for e in self.recent)) for i in range(3))]
+      for w in self._by_task:
+        sums += [len(w), float(sum(w))]
+      return np.array(sums, np.float64)
+
   def state_dict(self) -> dict:
     with self._lock:
       d = {"recent": [list(e) for e in self.recent], "episodes": self.episodes}

@@ -104,7 +104,7 @@ def test_sigterm_stops_every_process():
     (["-m", "launch.bench", "--coordinator_address=localhost", "--num_processes=2", "--process_id=0"],
      "is not host:port"),
     (["-m", "launch.train", "--local_device_ids=a"], "--local_device_ids=a must be device indices"),
-    (["-m", "launch.train", "--coordinator_address=localhost:1", "--num_processes=2", "--process_id=0"],
+    (["-m", "launch.bench", "--coordinator_address=localhost:1", "--num_processes=2", "--process_id=0"],
      "--num_processes=2: this launcher's runs span one process for now"),
 ])
 def test_bad_process_flags_are_one_line_exit_2(args, says):

@@ -1,0 +1,174 @@
+"""Runs over two processes on localhost (launch.multiprocess, jax.distributed over gloo): sync and
+ebrl runs write one summary with the run's env steps and the same params on both processes; a run
+resumes as a run of two processes and refuses one; SIGTERM stops both at the same update; a killed
+process stops the other within 60 s with one line and leaves a checkpoint the run resumes from;
+bad process configs are one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from ebrl.distributed import free_port
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The tiny shapes of tests/tiny_configs.py, as flags: 4 envs over 2 processes, 8-step rollouts.
+TINY = ("--config.num_envs=4", "--config.rollout_length=8", "--config.policy.hidden=16,16",
+        "--config.algorithm.epochs=1", "--config.algorithm.num_minibatches=2", "--progress=false")
+
+
+def _env() -> dict[str, str]:
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env["PYTHONPATH"] = os.pathsep.join([ROOT] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+  return env
+
+
+def _launch(workdir, *flags: str, processes: int = 2) -> subprocess.Popen:
+  return subprocess.Popen([sys.executable, "-m", "launch.multiprocess", f"--num_processes={processes}", "--",
+                           *TINY, f"--workdir={workdir}", *flags], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _finish(proc: subprocess.Popen, timeout_s: float = 240) -> tuple[int, str, str]:
+  try:
+    out, err = proc.communicate(timeout=timeout_s)
+  finally:
+    if proc.poll() is None:  # The launcher stops its processes on SIGTERM.
+      proc.terminate()
+      proc.communicate(timeout=90)
+  return proc.returncode, out, err
+
+
+def _summary(workdir) -> dict:
+  with open(os.path.join(workdir, "summary.json")) as f:
+    return json.load(f)
+
+
+def _run_process(index: int, launcher: subprocess.Popen) -> int:
+  """The pid of the launcher's process `index` (its command line carries --process_id)."""
+  children = subprocess.run(["pgrep", "-P", str(launcher.pid)], capture_output=True, text=True).stdout.split()
+  for pid in children:
+    with open(f"/proc/{pid}/cmdline") as f:
+      if f"--process_id={index}" in f.read().split("\0"):
+        return int(pid)
+  raise AssertionError(f"no process {index} among the launcher's children {children}")
+
+
+def _checkpoints(workdir) -> list[int]:
+  path = os.path.join(workdir, "checkpoints")
+  return sorted(int(n) for n in os.listdir(path) if n.isdigit()) if os.path.isdir(path) else []
+
+
+def _assert_one_run(summary: dict, env_steps: int, updates: int) -> None:
+  assert summary["num_processes"] == 2
+  assert summary["env_steps"] == env_steps  # The run's: both processes' envs together.
+  assert summary["policy_version"] == updates
+  digests = summary["params_sha256_by_process"]
+  assert len(digests) == 2 and digests[0] == digests[1], digests
+
+
+def test_sync_run_over_two_processes_resumes_as_two(tmp_path):
+  workdir = tmp_path / "run"
+  code, _, err = _finish(_launch(workdir, "--config.scheduler=sync", "--config.total_env_steps=64"))
+  assert code == 0, err[-3000:]
+  # 4 envs x 8 steps per update over both processes: 64 env steps are 2 updates.
+  _assert_one_run(_summary(workdir), env_steps=64, updates=2)
+  files = set(os.listdir(workdir))
+  assert {"summary.json", "metrics.jsonl", "config.json", "trace.json", "trace.process1.json"} <= files
+  rows = [json.loads(l) for l in open(workdir / "metrics.jsonl")]
+  assert rows[-1]["env_steps"] == 64  # Process 0 writes the run's rows, once each.
+  assert _checkpoints(workdir) == [64]
+
+  code, out, err = _finish(_launch(workdir, "--config.scheduler=sync", "--config.total_env_steps=128",
+                                   "--config.resume=True"))
+  assert code == 0, err[-3000:]
+  assert f"resumed from {workdir / 'checkpoints' / '64'} at 64 env steps" in out + err
+  _assert_one_run(_summary(workdir), env_steps=128, updates=4)
+
+  one = subprocess.run([sys.executable, "-m", "launch.train", *TINY, f"--workdir={workdir}",
+                        "--config.scheduler=sync", "--config.total_env_steps=192", "--config.resume=True"],
+                       cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=240)
+  assert one.returncode == 2, one.stderr[-3000:]
+  assert one.stderr.strip().splitlines()[-1] == (
+      "error: the checkpoint at 128 env steps was written by a run of 2 processes; resume it with --num_processes=2")
+
+
+def test_ebrl_run_over_two_processes(tmp_path):
+  workdir = tmp_path / "run"
+  code, _, err = _finish(_launch(workdir, "--config.scheduler=ebrl", "--config.total_env_steps=64"))
+  assert code == 0, err[-3000:]
+  summary = _summary(workdir)
+  # Each update takes 2 segments of 8 steps from each process; the envs step on between updates.
+  assert summary["env_steps"] >= 64
+  _assert_one_run(summary, env_steps=summary["env_steps"], updates=2)
+
+
+def test_sigterm_stops_both_processes_at_the_same_update(tmp_path):
+  workdir = tmp_path / "run"
+  proc = _launch(workdir, "--config.scheduler=sync", "--config.total_env_steps=10000000")
+  try:
+    deadline = time.monotonic() + 180
+    while not os.path.exists(workdir / "config.json") and time.monotonic() < deadline:  # Built: training.
+      time.sleep(0.5)
+    time.sleep(3)
+    proc.send_signal(signal.SIGTERM)
+  finally:
+    code, _, err = _finish(proc)
+  assert code == 128 + signal.SIGTERM, err[-3000:]
+  summary = _summary(workdir)  # Written: both processes left the loop after the same update.
+  assert 0 < summary["env_steps"] < 10000000
+  _assert_one_run(summary, env_steps=summary["policy_version"] * 32, updates=summary["policy_version"])
+
+
+def test_a_killed_process_stops_the_other_which_resumes(tmp_path):
+  workdir = tmp_path / "run"
+  proc = _launch(workdir, "--config.scheduler=sync", "--config.total_env_steps=10000000",
+                 "--config.checkpoint_every_s=1")
+  try:
+    deadline = time.monotonic() + 180
+    while not _checkpoints(workdir) and time.monotonic() < deadline:
+      time.sleep(0.5)
+    assert _checkpoints(workdir), "no checkpoint within 180 s"
+    os.kill(_run_process(1, proc), signal.SIGKILL)
+    killed = time.monotonic()
+    code, _, err = _finish(proc, timeout_s=120)
+    took = time.monotonic() - killed
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  assert code == 128 + signal.SIGKILL  # Process 1's, the first to end; process 0 then exited 1.
+  assert took < 60, took
+  lost = [l for l in err.splitlines() if "lost process 1" in l]
+  assert lost and lost[0].startswith("error: process 0: lost process 1 of the run's 2"), err[-3000:]
+  assert "--config.resume=True" in lost[0]
+
+  last = _checkpoints(workdir)[-1]
+  code, out, err = _finish(_launch(workdir, "--config.scheduler=sync", f"--config.total_env_steps={last + 32}",
+                                   "--config.resume=True"))
+  assert code == 0, err[-3000:]
+  assert f"resumed from {workdir / 'checkpoints' / str(last)}" in out + err
+  _assert_one_run(_summary(workdir), env_steps=last + 32, updates=(last + 32) // 32)
+
+
+def test_bad_process_configs_are_one_line_exit_2(tmp_path):
+  code, _, err = _finish(_launch(tmp_path / "odd", "--config.num_envs=5"))
+  assert code == 2
+  assert ("error: num_envs=5 must be divisible by --num_processes=2 (num_envs counts every process's envs)"
+          in err.splitlines())
+
+  # Two processes started by hand with different configs: both refuse, naming process 1.
+  address = f"localhost:{free_port()}"
+  procs = [subprocess.Popen([sys.executable, "-m", "launch.train", *TINY, f"--workdir={tmp_path / 'mixed'}",
+                             f"--coordinator_address={address}", "--num_processes=2", f"--process_id={i}",
+                             f"--config.seed={i}"], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True) for i in range(2)]
+  for p in procs:
+    _, err = p.communicate(timeout=240)
+    assert p.returncode == 2, err[-3000:]
+    assert err.strip().splitlines()[-1] == ("error: process 1 was started with a config that differs from process "
+                                            "0's: every process of a run needs the same --config flags")
+  assert not os.path.exists(tmp_path / "mixed" / "config.json")

@@ -110,9 +110,16 @@ def _paths(workdir: str) -> dict[str, str]:
 
 def train(config: ml_collections.ConfigDict | Mapping | None = None, workdir: str | None = None, *,
           overrides: Mapping[str, Any] | None = None, progress: bool = True, launch_time: float | None = None,
-          log: Callable[[str], None] = print, second_interrupt: str = "previous") -> Summary:
+          log: Callable[[str], None] = print, second_interrupt: str = "previous",
+          coordinator_address: str | None = None, num_processes: int | None = None,
+          process_id: int | None = None, local_device_ids: Sequence[int] | None = None) -> Summary:
   """Trains `config` (see `make_config`) in `workdir` (default: runs/<env>-<scheduler>-<time>) and
   returns its Summary. With config.resume the run continues from the workdir's last checkpoint.
+
+  A run over several processes: every process calls it with the same config and workdir and
+  `coordinator_address`, `num_processes` and its own `process_id` (the launchers' flags of the same
+  names; README "Several processes and hosts"), before anything in the process has used JAX; a
+  process that joined through `jax.distributed.initialize` itself needs none of them.
   The first SIGINT/SIGTERM stops the run at its next update (checkpoint and summary written); a
   second has the effect of the handler there before (second_interrupt="previous": in a notebook or
   a script, KeyboardInterrupt) or ends the process ("default": the command line's).
@@ -125,7 +132,7 @@ def train(config: ml_collections.ConfigDict | Mapping | None = None, workdir: st
   cfg = make_config(config, overrides)
   if cfg.resume and not workdir:
     raise UserError("resume=True continues the run in its workdir; pass workdir=<the run's directory>")
-  from ebrl import interrupts, runtime  # pylint: disable=g-import-not-at-top
+  from ebrl import distributed, interrupts, runtime  # pylint: disable=g-import-not-at-top
   from ebrl.process_group import joined  # pylint: disable=g-import-not-at-top
   from ebrl import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   from ebrl.resources import gpu_sharing  # pylint: disable=g-import-not-at-top
@@ -136,10 +143,16 @@ def train(config: ml_collections.ConfigDict | Mapping | None = None, workdir: st
   # is told in a second, not after the seconds JAX, MuJoCo and the plots take to import). The
   # checks that need the device count follow in the Trainer.
   run = resolve(cfg)
+  identity = distributed.ProcessIdentity(coordinator_address, num_processes, process_id,
+                                         tuple(local_device_ids) if local_device_ids is not None else None)
+  if identity.given or local_device_ids is not None:
+    distributed.initialize(identity)
   group = joined()
   run = check_processes(run, group.count, group.index)  # This process's share of a run over several.
   from ebrl.trainer import Trainer  # pylint: disable=g-import-not-at-top
   workdir = os.path.abspath(workdir or default_workdir(cfg))
+  if group.count > 1:  # Process 0's: a default workdir's time stamp may differ between processes.
+    workdir = group.gather_json(workdir)[0]
   if group.leader:  # Over several processes, process 0's (the Trainer tells the others).
     workdir_lib.prepare(workdir, run.config, run.outputs.resume)
   runtime.limit_xla_threads()  # No effect once JAX has started (a notebook that used it already).

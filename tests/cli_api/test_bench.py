@@ -202,3 +202,29 @@ def test_bench_rounds_interleave_entries_and_combine_them(tmp_path):
   rates = data["results"]
   assert per_round == pytest.approx([s / q for s, q in zip(rates["sync"]["rounds_e2e"], rates["random"]["rounds_e2e"])])
   assert "sync_over_random" in run.stdout and "(rounds: " in run.stdout
+
+
+@pytest.mark.slow  # Three training runs (about 55 s); its flags' errors are checked in test_launch_errors.py.
+def test_process_bench_compares_one_process_with_two_and_a_slow_host(tmp_path):
+  """launch.bench --processes=1,2: each entry a training run; the slow host's entry is slower than
+  the same two processes unhindered (process 1 runs a quarter of the time, and every update waits
+  for its segments)."""
+  out = tmp_path / "bench.json"
+  env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
+  proc = subprocess.run([sys.executable, "-m", "launch.bench", "--processes=1,2", "--schedulers=sync",
+                         "--num_envs=4", "--seconds=3", "--slow_share=0.25", "--config.rollout_length=8",
+                         "--config.policy.hidden=16,16", "--config.algorithm.epochs=1",
+                         "--config.algorithm.num_minibatches=2", f"--out={out}"], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  entries = json.loads(out.read_text())["entries"]
+  assert set(entries) == {"sync@1p", "sync@2p", "sync@2p+slow"}
+  for name, entry in entries.items():
+    (window,) = entry["rounds"]
+    assert window["seconds"] > 1 and window["updates"] >= 1, (name, window)
+    # Rates in samples: every update of 4 envs x 8 steps, whatever the process count.
+    assert window["env_steps"] == window["updates"] * 32, (name, window)
+    assert len(set(window["params_sha256_by_process"])) == 1
+  assert len(entries["sync@2p"]["rounds"][0]["params_sha256_by_process"]) == 2
+  assert entries["sync@2p+slow"]["env_steps_per_s"] < 0.75 * entries["sync@2p"]["env_steps_per_s"]
+  assert entries["sync@1p"]["vs_first_count"] == 1.0

@@ -48,6 +48,13 @@ BENCH = {
     "missing_config_file": (["--config=missing.py", "--config.num_envs=8"],
                             "cannot load --config=missing.py: no such file"),
     "config_not_python": (["--config=README.md"], "--config=README.md is not a Python config file (SyntaxError"),
+    "processes_not_counts": (["--processes=1,two"], "--processes=1,two must be process counts, e.g. 1,2"),
+    "processes_zero": (["--processes=0,2"], "--processes=0,2 must be process counts >= 1"),
+    "processes_indivisible": (["--processes=1,3", "--num_envs=8"],
+                              "--num_envs=8 must be divisible by every count in --processes (not 3)"),
+    "processes_random": (["--processes=1,2", "--schedulers=random"],
+                         "--schedulers=random: over several processes only sync and ebrl run"),
+    "processes_nan_seconds": (["--processes=1,2", "--seconds=nan"], "--seconds=nan must be a finite number > 0"),
 }
 
 PROFILE = {

@@ -1,8 +1,8 @@
 """Runs over two processes on localhost (launch.multiprocess, jax.distributed over gloo): sync and
-ebrl runs write one summary with the run's env steps and the same params on both processes; a run
-resumes as a run of two processes and refuses one; SIGTERM stops both at the same update; a killed
-process stops the other within 60 s with one line and leaves a checkpoint the run resumes from;
-bad process configs are one line, exit 2."""
+ebrl runs (the launcher, the Python API) write one summary with the run's env steps and the same
+params on both processes; a run resumes as a run of two processes and refuses one; SIGTERM stops
+both at the same update; a killed process stops the other within 60 s with one line and leaves a
+checkpoint the run resumes from; bad process configs are one line, exit 2."""
 
 from __future__ import annotations
 
@@ -21,9 +21,10 @@ TINY = ("--config.num_envs=4", "--config.rollout_length=8", "--config.policy.hid
         "--config.algorithm.epochs=1", "--config.algorithm.num_minibatches=2", "--progress=false")
 
 
-def _env() -> dict[str, str]:
+def _env(tests: bool = False) -> dict[str, str]:
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env["PYTHONPATH"] = os.pathsep.join([ROOT] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+  paths = [ROOT] + ([os.path.join(ROOT, "tests")] if tests else [])
+  env["PYTHONPATH"] = os.pathsep.join(paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
   return env
 
 
@@ -71,7 +72,7 @@ def _assert_one_run(summary: dict, env_steps: int, updates: int) -> None:
   assert len(digests) == 2 and digests[0] == digests[1], digests
 
 
-def test_sync_run_over_two_processes_resumes_as_two(tmp_path):
+def test_sync_run_over_two_processes_resumes_as_two_and_stops_on_sigterm(tmp_path):
   workdir = tmp_path / "run"
   code, _, err = _finish(_launch(workdir, "--config.scheduler=sync", "--config.total_env_steps=64"))
   assert code == 0, err[-3000:]
@@ -83,45 +84,51 @@ def test_sync_run_over_two_processes_resumes_as_two(tmp_path):
   assert rows[-1]["env_steps"] == 64  # Process 0 writes the run's rows, once each.
   assert _checkpoints(workdir) == [64]
 
-  code, out, err = _finish(_launch(workdir, "--config.scheduler=sync", "--config.total_env_steps=128",
-                                   "--config.resume=True"))
-  assert code == 0, err[-3000:]
+  # Resumed by two processes, then stopped by SIGTERM (to the launcher, which passes it to both):
+  # both leave the loop after the same update, with a checkpoint and the summary.
+  proc = _launch(workdir, "--config.scheduler=sync", "--config.total_env_steps=10000000", "--config.resume=True")
+  try:
+    deadline = time.monotonic() + 180
+    while len(_rows(workdir)) <= len(rows) and time.monotonic() < deadline:  # Training: a new row.
+      time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+  finally:
+    code, out, err = _finish(proc)
+  assert code == 128 + signal.SIGTERM, err[-3000:]
   assert f"resumed from {workdir / 'checkpoints' / '64'} at 64 env steps" in out + err
-  _assert_one_run(_summary(workdir), env_steps=128, updates=4)
+  summary = _summary(workdir)
+  assert 64 < summary["env_steps"] < 10000000
+  _assert_one_run(summary, env_steps=summary["policy_version"] * 32, updates=summary["policy_version"])
+  assert _checkpoints(workdir)[-1] == summary["env_steps"]
 
   one = subprocess.run([sys.executable, "-m", "launch.train", *TINY, f"--workdir={workdir}",
-                        "--config.scheduler=sync", "--config.total_env_steps=192", "--config.resume=True"],
+                        "--config.scheduler=sync", "--config.total_env_steps=10000000", "--config.resume=True"],
                        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=240)
   assert one.returncode == 2, one.stderr[-3000:]
   assert one.stderr.strip().splitlines()[-1] == (
-      "error: the checkpoint at 128 env steps was written by a run of 2 processes; resume it with --num_processes=2")
+      f"error: the checkpoint at {summary['env_steps']} env steps was written by a run of 2 processes; resume it "
+      "with --num_processes=2")
 
 
-def test_ebrl_run_over_two_processes(tmp_path):
+def _rows(workdir) -> list[str]:
+  path = workdir / "metrics.jsonl"
+  return open(path).readlines() if path.exists() else []
+
+
+def test_ebrl_run_over_two_processes_through_the_python_api(tmp_path):
+  """ebrl.train(..., coordinator_address=, num_processes=, process_id=) in each process."""
   workdir = tmp_path / "run"
-  code, _, err = _finish(_launch(workdir, "--config.scheduler=ebrl", "--config.total_env_steps=64"))
+  proc = subprocess.Popen([sys.executable, "-m", "launch.multiprocess", "--num_processes=2",
+                           "--module=api_run_child", "--", str(workdir), "ebrl", "64"], cwd=ROOT, env=_env(tests=True),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+  code, out, err = _finish(proc)
   assert code == 0, err[-3000:]
   summary = _summary(workdir)
   # Each update takes 2 segments of 8 steps from each process; the envs step on between updates.
   assert summary["env_steps"] >= 64
   _assert_one_run(summary, env_steps=summary["env_steps"], updates=2)
-
-
-def test_sigterm_stops_both_processes_at_the_same_update(tmp_path):
-  workdir = tmp_path / "run"
-  proc = _launch(workdir, "--config.scheduler=sync", "--config.total_env_steps=10000000")
-  try:
-    deadline = time.monotonic() + 180
-    while not os.path.exists(workdir / "config.json") and time.monotonic() < deadline:  # Built: training.
-      time.sleep(0.5)
-    time.sleep(3)
-    proc.send_signal(signal.SIGTERM)
-  finally:
-    code, _, err = _finish(proc)
-  assert code == 128 + signal.SIGTERM, err[-3000:]
-  summary = _summary(workdir)  # Written: both processes left the loop after the same update.
-  assert 0 < summary["env_steps"] < 10000000
-  _assert_one_run(summary, env_steps=summary["policy_version"] * 32, updates=summary["policy_version"])
+  assert f"process 0: {summary['env_steps']} env steps" in out  # Both return the run's summary.
+  assert f"[process 1] process 1: {summary['env_steps']} env steps" in err
 
 
 def test_a_killed_process_stops_the_other_which_resumes(tmp_path):

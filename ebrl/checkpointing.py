@@ -84,9 +84,11 @@ class Checkpointer:
             state=ocp.args.StandardRestore(template), meta=ocp.args.JsonRestore()))
         return out.state, dict(out.meta)
       except Exception as e:  # pylint: disable=broad-except  # Orbax raises many kinds.
-        if jax.process_count() > 1:  # A lost peer looks the same; no process may fall back alone.
-          raise
         reason = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+        if jax.process_count() > 1:  # A lost peer looks the same; no process may fall back alone.
+          raise UserError(f"checkpoint {self.path(step)} did not restore in every process of the run ({reason}): "
+                          "it is corrupt, or a process was lost while restoring it; check both before resuming "
+                          "(an older checkpoint is not tried)") from None
         self._warn(f"checkpoint {self.path(step)} is corrupt ({reason}); trying an older one")
         bad.append(self.path(step))
     if bad:

@@ -180,7 +180,7 @@ def check_processes(spec: RunSpec, num_processes: int, process_index: int) -> Ru
   unsupported = [
       (spec.device_env, f"env '{spec.env.name}' (a device simulator)", "a host env"),
       (spec.scheduler not in ("sync", "ebrl"), f"scheduler={spec.scheduler}", "scheduler=sync or ebrl"),
-      (spec.resources != "off", f"resources={spec.resources}",
+      (spec.resources != "off" and spec.async_ is not None, f"resources={spec.resources}",
        "resources=off (a plan sizes one process's machine, and each process would plan its own)"),
       (spec.learner_placement == "processes", "placement=processes", "placement=threads or auto"),
       (spec.algorithm.obs_norm_update == "every_step", "algorithm.obs_norm_update=every_step",

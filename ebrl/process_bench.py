@@ -97,7 +97,7 @@ def _slow_down(pid: int, share: float, stop: threading.Event) -> None:
       pass
 
 
-def _process_pid(launcher: subprocess.Popen, index: int) -> int:
+def process_pid(launcher: subprocess.Popen, index: int) -> int:
   """The pid of the launcher's process `index` (its command line carries --process_id=<index>)."""
   children = subprocess.run(["pgrep", "-P", str(launcher.pid)], capture_output=True, text=True).stdout.split()
   for pid in children:
@@ -127,7 +127,7 @@ def _run_entry(spec: ProcessBenchSpec, scheduler: str, processes: int, workdir: 
     slower = None
     if slow:
       rows_before = len(read_jsonl(metrics))
-      slower = threading.Thread(target=_slow_down, args=(_process_pid(proc, processes - 1), spec.slow_share,
+      slower = threading.Thread(target=_slow_down, args=(process_pid(proc, processes - 1), spec.slow_share,
                                                           stop_slowing), daemon=True)
       slower.start()
     time.sleep(spec.seconds)

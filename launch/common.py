@@ -210,6 +210,16 @@ def define_process_flags() -> None:
   flags.DEFINE_integer("connect_timeout_s", 300, "Seconds to wait for every process to join before giving up.")
 
 
+def check_process_share(cfg) -> None:
+  """With --num_processes: a UserError when the run cannot be split over that many processes
+  (validation.check_processes), before any process is contacted."""
+  f = flags.FLAGS
+  if f.num_processes and f.num_processes > 1 and f.process_id is not None and 0 <= f.process_id < f.num_processes:
+    from ebrl.validation import check_processes, resolve  # pylint: disable=g-import-not-at-top
+
+    check_processes(resolve(cfg), f.num_processes, f.process_id)
+
+
 def join_run(max_processes: int | None = None) -> int:
   """Joins the run's other processes as the process flags (or a detected cluster) say, before any
   JAX backend starts; returns the run's process count (1: nothing was joined). A launcher whose

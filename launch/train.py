@@ -31,6 +31,7 @@ def main(argv: list[str]) -> None:
   cfg = common.config_value(_CONFIG)
   if cfg.resume and not _WORKDIR.value:
     common.fail("--config.resume=True continues the run in --workdir; pass --workdir=<the run's directory>")
+  common.check_process_share(cfg)  # Sizes that do not split over --num_processes: before anyone is contacted.
   common.join_run()
   from ebrl import api  # pylint: disable=g-import-not-at-top
 

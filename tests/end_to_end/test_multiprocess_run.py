@@ -14,6 +14,7 @@ import sys
 import time
 
 from ebrl.distributed import free_port
+from ebrl.process_bench import process_pid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The tiny shapes of tests/tiny_configs.py, as flags: 4 envs over 2 processes, 8-step rollouts.
@@ -49,16 +50,6 @@ def _summary(workdir) -> dict:
     return json.load(f)
 
 
-def _run_process(index: int, launcher: subprocess.Popen) -> int:
-  """The pid of the launcher's process `index` (its command line carries --process_id)."""
-  children = subprocess.run(["pgrep", "-P", str(launcher.pid)], capture_output=True, text=True).stdout.split()
-  for pid in children:
-    with open(f"/proc/{pid}/cmdline") as f:
-      if f"--process_id={index}" in f.read().split("\0"):
-        return int(pid)
-  raise AssertionError(f"no process {index} among the launcher's children {children}")
-
-
 def _checkpoints(workdir) -> list[int]:
   path = os.path.join(workdir, "checkpoints")
   return sorted(int(n) for n in os.listdir(path) if n.isdigit()) if os.path.isdir(path) else []
@@ -72,7 +63,10 @@ def _assert_one_run(summary: dict, env_steps: int, updates: int) -> None:
   assert len(digests) == 2 and digests[0] == digests[1], digests
 
 
-def test_sync_run_over_two_processes_resumes_as_two_and_stops_on_sigterm(tmp_path):
+def test_sync_run_over_two_processes_survives_a_killed_process_and_stops_on_sigterm(tmp_path):
+  """One run, launched three times: to its end; resumed and one process SIGKILLed (the other exits
+  within 60 s with one line, the checkpoint stays good); resumed from that checkpoint and stopped
+  by SIGTERM (both leave after the same update). A single process may not resume it."""
   workdir = tmp_path / "run"
   code, _, err = _finish(_launch(workdir, "--config.scheduler=sync", "--config.total_env_steps=64"))
   assert code == 0, err[-3000:]
@@ -80,12 +74,33 @@ def test_sync_run_over_two_processes_resumes_as_two_and_stops_on_sigterm(tmp_pat
   _assert_one_run(_summary(workdir), env_steps=64, updates=2)
   files = set(os.listdir(workdir))
   assert {"summary.json", "metrics.jsonl", "config.json", "trace.json", "trace.process1.json"} <= files
-  rows = [json.loads(l) for l in open(workdir / "metrics.jsonl")]
-  assert rows[-1]["env_steps"] == 64  # Process 0 writes the run's rows, once each.
+  rows = _rows(workdir)
+  assert json.loads(rows[-1])["env_steps"] == 64  # Process 0 writes the run's rows, once each.
   assert _checkpoints(workdir) == [64]
 
-  # Resumed by two processes, then stopped by SIGTERM (to the launcher, which passes it to both):
-  # both leave the loop after the same update, with a checkpoint and the summary.
+  proc = _launch(workdir, "--config.scheduler=sync", "--config.total_env_steps=10000000", "--config.resume=True",
+                 "--config.checkpoint_every_s=1")
+  try:
+    deadline = time.monotonic() + 180
+    while _checkpoints(workdir)[-1] == 64 and time.monotonic() < deadline:
+      time.sleep(0.5)
+    assert _checkpoints(workdir)[-1] > 64, "no checkpoint within 180 s"
+    os.kill(process_pid(proc, 1), signal.SIGKILL)
+    killed = time.monotonic()
+    code, out, err = _finish(proc, timeout_s=120)
+    took = time.monotonic() - killed
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  assert f"resumed from {workdir / 'checkpoints' / '64'} at 64 env steps" in out + err
+  assert code == 128 + signal.SIGKILL  # Process 1's, the first to end; process 0 then exited 1.
+  assert took < 60, took
+  lost = [l for l in err.splitlines() if "lost process 1" in l]
+  assert lost and lost[0].startswith("error: process 0: lost process 1 of the run's 2"), err[-3000:]
+  assert "--config.resume=True" in lost[0]
+
+  last = _checkpoints(workdir)[-1]
+  rows = _rows(workdir)
   proc = _launch(workdir, "--config.scheduler=sync", "--config.total_env_steps=10000000", "--config.resume=True")
   try:
     deadline = time.monotonic() + 180
@@ -95,9 +110,9 @@ def test_sync_run_over_two_processes_resumes_as_two_and_stops_on_sigterm(tmp_pat
   finally:
     code, out, err = _finish(proc)
   assert code == 128 + signal.SIGTERM, err[-3000:]
-  assert f"resumed from {workdir / 'checkpoints' / '64'} at 64 env steps" in out + err
+  assert f"resumed from {workdir / 'checkpoints' / str(last)} at {last} env steps" in out + err
   summary = _summary(workdir)
-  assert 64 < summary["env_steps"] < 10000000
+  assert last < summary["env_steps"] < 10000000
   _assert_one_run(summary, env_steps=summary["policy_version"] * 32, updates=summary["policy_version"])
   assert _checkpoints(workdir)[-1] == summary["env_steps"]
 
@@ -129,36 +144,6 @@ def test_ebrl_run_over_two_processes_through_the_python_api(tmp_path):
   _assert_one_run(summary, env_steps=summary["env_steps"], updates=2)
   assert f"process 0: {summary['env_steps']} env steps" in out  # Both return the run's summary.
   assert f"[process 1] process 1: {summary['env_steps']} env steps" in err
-
-
-def test_a_killed_process_stops_the_other_which_resumes(tmp_path):
-  workdir = tmp_path / "run"
-  proc = _launch(workdir, "--config.scheduler=sync", "--config.total_env_steps=10000000",
-                 "--config.checkpoint_every_s=1")
-  try:
-    deadline = time.monotonic() + 180
-    while not _checkpoints(workdir) and time.monotonic() < deadline:
-      time.sleep(0.5)
-    assert _checkpoints(workdir), "no checkpoint within 180 s"
-    os.kill(_run_process(1, proc), signal.SIGKILL)
-    killed = time.monotonic()
-    code, _, err = _finish(proc, timeout_s=120)
-    took = time.monotonic() - killed
-  finally:
-    if proc.poll() is None:
-      proc.kill()
-  assert code == 128 + signal.SIGKILL  # Process 1's, the first to end; process 0 then exited 1.
-  assert took < 60, took
-  lost = [l for l in err.splitlines() if "lost process 1" in l]
-  assert lost and lost[0].startswith("error: process 0: lost process 1 of the run's 2"), err[-3000:]
-  assert "--config.resume=True" in lost[0]
-
-  last = _checkpoints(workdir)[-1]
-  code, out, err = _finish(_launch(workdir, "--config.scheduler=sync", f"--config.total_env_steps={last + 32}",
-                                   "--config.resume=True"))
-  assert code == 0, err[-3000:]
-  assert f"resumed from {workdir / 'checkpoints' / str(last)}" in out + err
-  _assert_one_run(_summary(workdir), env_steps=last + 32, updates=(last + 32) // 32)
 
 
 def test_bad_process_configs_are_one_line_exit_2(tmp_path):

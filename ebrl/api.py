@@ -179,7 +179,7 @@ def train(config: ml_collections.ConfigDict | Mapping | None = None, workdir: st
       if trainer.watch is not None and isinstance(e, Exception) and not isinstance(e, UserError):
         lost = trainer.watch.lost(wait_s=5.0)  # A collective failed: is another process gone?
         if lost:
-          trainer.watch.report_lost(lost, f"a collective failed ({type(e).__name__})")  # Ends this process.
+          trainer.watch.report(lost, f"a collective failed ({type(e).__name__})")  # Ends this process.
       trainer.abort()  # Releases everything; the last checkpoint on disk stays the run's.
       raise
   return Summary(summary, _paths(trainer.workdir))

@@ -148,7 +148,7 @@ def initialize(identity: ProcessIdentity, max_processes: int | None = None) -> i
   if max_processes is not None and ((identity.num_processes or 1) > max_processes or cluster is not None):
     asked = f"--num_processes={identity.num_processes}" if identity.given else f"a {cluster} job of several tasks"
     raise UserError(f"{asked}: this launcher's runs span one process for now; start it as one process "
-                    "(the multi-process learner update is ebrl/learner.py's, checked by its tests)")
+                    "(launch.train trains over several; launch.bench --processes=1,2 compares process counts)")
   if not identity.given and cluster is None:
     return 1
   if identity.given and identity.num_processes == 1:

@@ -109,21 +109,21 @@ class PeerWatch:
             self._seen[i] = (value, now)
       self._stop.wait(self.beat_s)
 
-  def _silent(self, seconds: float, since: float | None = None) -> list[int]:
-    """Processes whose counter has not moved for `seconds` (or since `since`); [0] when the store
-    itself has been silent that long."""
+  def _silent(self, seconds: float) -> list[int]:
+    """Processes whose counter has not moved for `seconds`; [0] when the store itself has been
+    silent that long."""
     now = time.monotonic()
     with self._lock:
       if now - self._store_ok > seconds and self.group.index != 0:
         return [0]
       return [i for i, (_, moved) in self._seen.items()
-              if i != self.group.index and (now - moved > seconds or (since is not None and moved < since))]
+              if i != self.group.index and now - moved > seconds]
 
   def _judge_loop(self) -> None:
     while not self._stop.wait(self.beat_s):
       lost = self._silent(self.timeout_s)
       if lost:
-        self._report(lost, f"no sign of life for {self.timeout_s:.0f} s")
+        self.report(lost, f"no sign of life for {self.timeout_s:.0f} s")
         return
 
   def lost(self, wait_s: float) -> list[int]:
@@ -147,9 +147,6 @@ class PeerWatch:
             f"stopping. The last checkpoint in {self.checkpoints} is intact: start every process again with "
             "--config.resume=True")
 
-  def _report(self, lost: list[int], why: str) -> None:
+  def report(self, lost: list[int], why: str) -> None:
+    """Ends this process (`on_lost`) with the line naming the `lost` processes and `why`."""
     self.on_lost(self._message(lost, why))
-
-  def report_lost(self, lost: list[int], why: str) -> None:
-    """Ends this process as the watch would, for a loss found by `lost`."""
-    self._report(lost, why)

@@ -159,7 +159,7 @@ def run_process_bench(spec: ProcessBenchSpec, root: str, machine: dict, log: Cal
     for r in range(spec.rounds):
       for scheduler in spec.schedulers:
         for n, slow in _entries(spec):
-          name = f"{scheduler}@{n}p" + ("+slow" if slow else "")
+          name = _name(scheduler, n, slow)
           result = _run_entry(spec, scheduler, n, os.path.join(tmp, f"{name}-{r}"), root, slow)
           rounds.setdefault(name, []).append(result)
           log(f"round {r + 1}: {name}: {result['env_steps_per_s']:,.0f} env steps/s, "
@@ -173,7 +173,7 @@ def run_process_bench(spec: ProcessBenchSpec, root: str, machine: dict, log: Cal
   for scheduler in spec.schedulers:
     base = entries[f"{scheduler}@{spec.processes[0]}p"]["env_steps_per_s"]
     for n, slow in _entries(spec):
-      name = f"{scheduler}@{n}p" + ("+slow" if slow else "")
+      name = _name(scheduler, n, slow)
       entry = entries[name]
       entry["vs_first_count"] = entry["env_steps_per_s"] / base
       log(f"{name}: {entry['env_steps_per_s']:,.0f} env steps/s, {entry['vs_first_count']:.2f}x "
@@ -181,6 +181,10 @@ def run_process_bench(spec: ProcessBenchSpec, root: str, machine: dict, log: Cal
   result = {"spec": dataclasses.asdict(spec), "machine": machine, "entries": entries}
   write_json(spec.out, result)
   return result
+
+
+def _name(scheduler: str, processes: int, slow: bool) -> str:
+  return f"{scheduler}@{processes}p" + ("+slow" if slow else "")
 
 
 def _entries(spec: ProcessBenchSpec) -> list[tuple[int, bool]]:

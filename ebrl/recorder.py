@@ -297,7 +297,10 @@ class RunRecorder:
 
   def checkpoint(self) -> None:
     """The latest state and what resuming needs (see `restore`), atomically (ebrl/checkpointing.py)."""
-    if any(x.is_deleted() for x in jax.tree.leaves(self.state)):
+    cut_off = any(x.is_deleted() for x in jax.tree.leaves(self.state))
+    if self.group.count > 1:  # Orbax saves with every process: all of them save, or none does.
+      cut_off = bool(self.group.gather(np.array([cut_off])).any())
+    if cut_off:
       # An update was cut off after it took (donated) the state: the last checkpoint stays the good one.
       tqdm.tqdm.write("not checkpointing: the train state is inside an unfinished update")
       return

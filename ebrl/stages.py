@@ -195,7 +195,8 @@ def _host_groups(run: RunSpec, layout: RunLayout, env_seed: int, clock: StageClo
     with adopt:
       groups = make_env_groups(
           env.name, layout.num_groups, layout.envs_per_group, recv_batch=layout.recv_batch,
-          num_threads=layout.sim_threads, seed=env_seed, first_group=layout.process_index * layout.num_groups, max_episode_steps=env.max_episode_steps,
+          num_threads=layout.sim_threads, seed=env_seed, first_group=layout.process_index * layout.num_groups,
+          max_episode_steps=env.max_episode_steps,
           from_pixels=env.from_pixels, render_size=env.render_size, straggler_fraction=env.straggler_fraction,
           straggler_slowdown=env.straggler_slowdown, straggler_step_s=env.straggler_step_ms / 1000.0 or None,
           shift_at_s=env.shift_at_s, shift_sim_us=env.shift_sim_us, chunk_size=run.policy.chunk_size,

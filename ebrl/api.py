@@ -185,18 +185,22 @@ def train(config: ml_collections.ConfigDict | Mapping | None = None, workdir: st
   return Summary(summary, _paths(trainer.workdir))
 
 
-def evaluate(checkpoint: str, env: str | None = None, *, episodes: int = 32, seed: int = 12345,
-             out: str | None = None) -> dict:
-  """Evaluates the newest checkpoint of a run (`checkpoint` is its workdir, e.g. `summary.workdir`) on
-  `env` (default: the env it trained on; the same task on the other backend works too), one episode
-  in each of `episodes` envs; returns env, trained_on, episodes, episode_return, episode_length,
-  success_rate and checkpoint_env_steps (`python -m launch.eval` prints the same as one JSON line)."""
+def evaluate(checkpoint: str, env: str | None = None, *, episodes: int = 32, seed: int = 1_000_003,
+             out: str | None = None, actions: str = "sample") -> dict:
+  """Evaluates the newest checkpoint of a run (`checkpoint` is its workdir, e.g. `summary.workdir`) or
+  the params of a launch.sft --out directory on `env` (default: the env it trained on; the same task
+  on the other backend works too), one episode in each of `episodes` envs, sampling as in training
+  (actions="sample") or with the policy's deterministic mean action (actions="mean"); the default
+  seed is the held-out one (ebrl.evaluation.HELD_OUT_SEED). Returns env, trained_on, source, actions,
+  episodes, episode_return, episode_length, success_rate, success_ci95 (its 95% Wilson interval),
+  per task on a multi-task env, and checkpoint_env_steps (`python -m launch.eval` prints the same as
+  one JSON line)."""
   from ebrl import evaluation, runtime  # pylint: disable=g-import-not-at-top
 
-  evaluation.check_args(episodes, seed)
+  evaluation.check_args(episodes, seed, actions)
   runtime.limit_xla_threads()
   runtime.enable_compilation_cache()
-  return evaluation.evaluate_run(checkpoint, env, episodes, seed, out)
+  return evaluation.evaluate_run(checkpoint, env, episodes, seed, out, actions)
 
 
 def bench(config: ml_collections.ConfigDict | Mapping | None = None, *, overrides: Mapping[str, Any] | None = None,

@@ -32,6 +32,11 @@ def get_config() -> ml_collections.ConfigDict:
       # With action chunks (policy.chunk_size > 1): a chunk's reward is the sum of its actions'
       # rewards ("chunk"), or their discounted sum with gamma^K between chunks ("action").
       reward_type="chunk",
+      # Training on MetaWorld host envs only (evaluation keeps MetaWorld's protocol): added to the
+      # reward of every step that reports success; end each episode at its first success (a true
+      # terminal, the env reset for its next episode). sim_adapters/success.py.
+      success_bonus=0.0,
+      end_on_success=False,
   ))
   c.num_envs = 64
   c.rollout_length = 128  # T: steps per env between updates (64 x 128 = 8,192 samples per update).
@@ -43,6 +48,10 @@ def get_config() -> ml_collections.ConfigDict:
       name="mlp",
       hidden=(64, 64),
       init_log_std=0.0,
+      # mlp, cnn: bounds of the action std (log_std clipped to [log min_std, log max_std] in the
+      # forward pass); 0.0 = no bound on that side.
+      min_std=0.0,
+      max_std=0.0,
       chunk_size=1,  # Actions per decision; every env executes its chunk and returns on its own.
       channels=(16, 32, 32),  # cnn: conv channels (strided 3x3 / 4x4 layers on 64x64 pixels).
       bins=256,  # vla: action token bins per dimension (OpenVLA).
@@ -50,8 +59,16 @@ def get_config() -> ml_collections.ConfigDict:
       depth=2,  # vla: transformer blocks.
       heads=4,  # vla: attention heads.
       decode="parallel",  # vla: "parallel" (OpenVLA-OFT) or "autoregressive" action tokens.
+      # vla: the value head reads stop_gradient of the trunk's features, so the value loss does not
+      # move the trunk the actor shares (RLinf / piRL's fine-tuning recipe).
+      detach_critic=False,
       flow_steps=4,  # flow: noisy Euler steps of the sampling chain.
       flow_init_log_std=-1.0,  # flow: initial log noise scale per step.
+      flow_min_log_std=-4.0,  # flow: floor of the log noise scale (fine-tuning: e.g. log(0.05) = -3.0).
+      flow_hidden=(256, 256),  # flow: the velocity net's layers (`hidden` sizes the other policies).
+      # flow: fine-tune only the last K denoising steps (DPPO); the first flow_steps - K use a frozen
+      # copy of the velocity net, params["base"]. 0 = every step.
+      flow_finetune_steps=0,
   ))
   c.algorithm = ml_collections.ConfigDict(dict(
       name="ppo",  # "ppo" or "grpo" (critic-free group-relative advantages; scheduler=sync only)
@@ -82,7 +99,8 @@ def get_config() -> ml_collections.ConfigDict:
       reward_norm=True,
       # When the observation statistics take an update's batch: "after" its epochs, "before"
       # them, or "every_step" as each env step returns it (VecNormalize's timing; scheduler=sync,
-      # host envs, mlp; ebrl/step_normalizer.py). ebrl/learner.py LearnerConfig says how.
+      # host envs, mlp; ebrl/step_normalizer.py), or "frozen": never (a warm start's statistics stay as
+      # pre-training fitted them). ebrl/learner.py LearnerConfig says how.
       obs_norm_update="after",
       # The critic predicts returns standardised by running statistics of its targets, whose
       # history weighs as at most value_norm_count samples.
@@ -98,6 +116,22 @@ def get_config() -> ml_collections.ConfigDict:
       # warm-start params (0 = none).
       critic_warmup_updates=0,
       ref_kl_coef=0.0,
+      # With critic_warmup_ev > 0 the warm-up ends once the critic explains that fraction of the value
+      # targets' variance (critic_warmup_updates caps it); ref_kl_mode "mean" penalises only a Gaussian
+      # policy's mean moving from the reference's (in its std), "sample" the whole KL on the batch's actions.
+      critic_warmup_ev=0.0,
+      ref_kl_mode="sample",
+      # Actor and critic with Adam states, gradient clips and rates of their own when either is > 0
+      # (0 = learning_rate); both 0: one Adam over every parameter.
+      actor_learning_rate=0.0,
+      critic_learning_rate=0.0,
+      # The demonstration term: bc_coef * bc_decay**update times the policy's imitation loss (launch.sft's)
+      # on bc_batch_size demo steps per minibatch step, from bc_demos ("" = the demos the warm start was
+      # pre-trained on, named by its sft.json). 0 = off.
+      bc_coef=0.0,
+      bc_decay=1.0,
+      bc_batch_size=256,
+      bc_demos="",
       # PPO's ratio per "decision" (an action or a chunk) or per "token" (vla: each action token's
       # ratio clipped on its own; a chunk of 4 x 4 dims is 16 tokens, whose product ratio leaves the
       # clip range after tiny per-token moves).

@@ -2,10 +2,14 @@
 
 Each of n envs runs exactly one episode and its first episode is the one
 counted, so tasks with early terminations are not biased towards short
-episodes. Actions are sampled as in training and clipped to the env bounds.
-On a multi-task env (MT10, MT50, a task list) the envs are spread over the
-tasks as in training, and `success_rate_by_task` gives each task's success
-over its own envs' episodes.
+episodes. Actions are sampled as in training (actions="sample") or are the
+policy's deterministic `mean_action` (actions="mean": a Gaussian's mean, a token
+policy's greedy tokens), clipped to the env bounds either way. On a multi-task env
+(MT10, MT50, a task list) the envs are spread over the tasks as in training, and
+`success_rate_by_task` gives each task's success over its own envs' episodes.
+`success_ci95` (and `success_ci95_by_task`) is the 95% Wilson score interval of
+the success rate over those episodes: two checkpoints whose intervals overlap
+have not been told apart.
 
 A policy acts only in envs built the way its run built them: pixels, the
 render stage and action chunks change the observations and actions it was
@@ -23,6 +27,7 @@ import jax
 import numpy as np
 
 from ebrl.errors import UserError
+from ebrl.sampler import ACTION_MODES
 from sim_adapters import is_device_env
 from sim_adapters.base import EnvSpec
 
@@ -32,6 +37,35 @@ if TYPE_CHECKING:
 # Env seed of held-out evaluations (launch.sft's, a fine-tuning run's start and final evaluation): far
 # from the seeds training and recording use (seed .. seed + 1000 tasks), so their initial states differ.
 HELD_OUT_SEED = 1_000_003
+_Z95 = 1.959963984540054  # The standard normal's 97.5% quantile.
+
+
+def success_ci95(successes: int, n: int) -> list[float]:
+  """[low, high]: the 95% Wilson score interval of a success rate of `successes` in `n` episodes
+  (scipy's binomtest when scipy is there, the same closed form otherwise). Unlike the normal
+  approximation it stays inside [0, 1] and is not empty at 0 or n successes."""
+  if n <= 0:
+    return [0.0, 1.0]
+  try:
+    from scipy.stats import binomtest  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    p, z2 = successes / n, _Z95 * _Z95
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = _Z95 * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return [max(0.0, centre - half), min(1.0, centre + half)]
+  ci = binomtest(int(successes), int(n)).proportion_ci(confidence_level=0.95, method="wilson")
+  return [float(ci.low), float(ci.high)]
+
+
+SUCCESS_FIGURES = ("success_rate", "success_rate_by_task", "success_ci95", "success_ci95_by_task")
+
+
+def success_figures(result: dict | None) -> dict | None:
+  """An evaluation's success figures alone (summary.json's success_before / success_after): the
+  rate and its 95% interval, per task too on a multi-task env."""
+  if result is None:
+    return None
+  return {k: result[k] for k in SUCCESS_FIGURES if k in result}
 
 
 class FirstEpisodes:
@@ -61,14 +95,16 @@ class FirstEpisodes:
     return bool(self.seen.all())
 
   def summary(self, has_success: bool, tasks: tuple[str, ...] = (), env_tasks: np.ndarray | None = None) -> dict:
-    """Means over the envs' episodes; with `tasks` (each env's task id in `env_tasks`) also each
-    task's success rate over its own envs."""
-    sr = float(np.mean(self.success > 0)) if has_success else None
+    """Means over the envs' episodes and the success rate's 95% interval; with `tasks` (each env's
+    task id in `env_tasks`) also each task's success rate and interval over its own envs."""
+    won = self.success > 0
+    rate = lambda w: float(np.mean(w)) if has_success else None
+    ci = lambda w: success_ci95(int(w.sum()), int(w.size)) if has_success else None
     out = {"episodes": int(self.seen.sum()), "episode_return": float(np.mean(self.ret)),
-           "episode_length": float(np.mean(self.length)), "success_rate": sr}
+           "episode_length": float(np.mean(self.length)), "success_rate": rate(won), "success_ci95": ci(won)}
     if tasks:
-      out["success_rate_by_task"] = {
-          t: float(np.mean(self.success[env_tasks == k] > 0)) if has_success else None for k, t in enumerate(tasks)}
+      out["success_rate_by_task"] = {t: rate(won[env_tasks == k]) for k, t in enumerate(tasks)}
+      out["success_ci95_by_task"] = {t: ci(won[env_tasks == k]) for k, t in enumerate(tasks)}
     return out
 
 
@@ -104,6 +140,25 @@ class RunEnv:
     on = {"env.from_pixels": self.from_pixels, "env.render_stage": self.render_stage,
           "policy.chunk_size": self.chunk_size if self.chunk_size > 1 else None}
     return [f"{k}={v}" for k, v in on.items() if v]
+
+
+def check_actions(actions: str) -> None:
+  """UserError unless `actions` names an action mode."""
+  if actions not in ACTION_MODES:
+    raise UserError(f"actions='{actions}' must be one of: {', '.join(ACTION_MODES)} (sample: as in training; "
+                    "mean: the policy's deterministic action)")
+
+
+def _acting(policy, actions: str):
+  """The policy as it acts in `actions` mode (policies.base.MeanActing for "mean")."""
+  from policies.base import MeanActing  # pylint: disable=g-import-not-at-top
+
+  check_actions(actions)
+  if actions == "sample":
+    return policy
+  if not callable(getattr(policy, "mean_action", None)):
+    raise UserError(f"policy '{policy.name}' has no mean_action; evaluate it with actions=sample")
+  return MeanActing(policy)
 
 
 def _check_device_can_run(name: str, run_env: RunEnv) -> None:
@@ -189,11 +244,15 @@ class HostRunner:
     self.adapter = make_adapter(name, self.rounds[0], seed=seed, **run_env.adapter_kwargs())
     self.spec = self.adapter.spec
 
-  def run(self, policy, params) -> dict:
+  def run(self, policy, params, actions: str = "sample") -> dict:
+    """The envs' first episodes with `actions` "sample" (training's) or "mean" (`policy.mean_action`):
+    the summary (`FirstEpisodes.summary`) and `actions`. The runner may run again: each run
+    rebuilds its envs on the same seeds, so both modes start from the same initial states."""
     from ebrl.param_store import ParamStore
     from sim_adapters import make_adapter
     from sim_adapters.multitask import env_task_ids
 
+    _acting(policy, actions)  # A mode the policy cannot act in fails before any env steps.
     store = ParamStore()
     store.publish_params(params, 0)
     firsts, env_tasks = [], []
@@ -202,20 +261,21 @@ class HostRunner:
       adapter, self.adapter = self.adapter, None  # The first round's, built in __init__; then None.
       if adapter is None:
         adapter = make_adapter(self.name, size, seed=seed, **self.run_env.adapter_kwargs())
-      firsts.append(self._one_round(adapter, size, policy, store, seed))
+      firsts.append(self._one_round(adapter, size, policy, store, seed, actions))
       del adapter
       _release()
       if self.tasks:
         env_tasks.append(env_task_ids(size, len(self.tasks)))
     first = FirstEpisodes.concatenate(firsts)
-    return first.summary(self.spec.has_success, self.tasks, np.concatenate(env_tasks) if self.tasks else None)
+    summary = first.summary(self.spec.has_success, self.tasks, np.concatenate(env_tasks) if self.tasks else None)
+    return {**summary, "actions": actions}
 
-  def _one_round(self, adapter, n: int, policy, store, seed: int) -> "FirstEpisodes":
+  def _one_round(self, adapter, n: int, policy, store, seed: int, actions: str = "sample") -> "FirstEpisodes":
     from ebrl.acting import host_step
     from ebrl.sampler import Sampler
     from sim_adapters.base import gather_all
 
-    sampler = Sampler(policy, self.spec, store, seed=seed)
+    sampler = Sampler(policy, self.spec, store, seed=seed, actions=actions)
     first = FirstEpisodes(n)
     ret, length, succ = np.zeros(n), np.zeros(n, np.int64), np.zeros(n)
     try:
@@ -244,14 +304,15 @@ class DeviceRunner:
     self.sim = make_device_sim(name, n, max_episode_steps=run_env.max_episode_steps)
     self.spec, self.n, self.seed = self.sim.spec, n, seed
 
-  def run(self, policy, params) -> dict:
+  def run(self, policy, params, actions: str = "sample") -> dict:
+    """As HostRunner.run: `actions` "sample" or "mean"; the same initial states on every run."""
     from ebrl import normalizer
     from ebrl.acting import device_unroll
 
     sim = self.sim
     chunk = min(100, self.spec.max_episode_steps)
     # Training's unroll; its rewards and values are not used here (no value statistics needed).
-    unroll, _ = device_unroll(sim, policy, chunk, gamma=1.0)
+    unroll, _ = device_unroll(sim, _acting(policy, actions), chunk, gamma=1.0)
     acting = {**params, "value_norm": normalizer.init_stats(1)}
 
     @jax.jit
@@ -268,7 +329,7 @@ class DeviceRunner:
         first.record(*t_rows)
       if first.complete:
         break
-    return first.summary(self.spec.has_success)
+    return {**first.summary(self.spec.has_success), "actions": actions}
 
 
 def make_runner(name: str, n: int, seed: int, run_env: RunEnv = RunEnv()):
@@ -280,17 +341,34 @@ def make_runner(name: str, n: int, seed: int, run_env: RunEnv = RunEnv()):
     raise UserError(str(e)) from None
 
 
+SFT_META = "sft.json"  # A launch.sft --out directory's description (ebrl/sft/run.py); its "config" is the run's.
+
+
 def _run_config(checkpoint: str):
+  """(the run config a policy was made with, its source): "train" for a launch.train workdir (its
+  config.json), "sft" for a launch.sft --out directory (sft.json's "config")."""
   import json  # pylint: disable=g-import-not-at-top
   import os
 
   import ml_collections
 
   path = os.path.join(checkpoint, "config.json")
-  if not os.path.isfile(path):
-    raise UserError(f"checkpoint={checkpoint} is not a run workdir (no config.json)")
-  with open(path) as f:
-    return ml_collections.ConfigDict(json.load(f))
+  sft = os.path.join(checkpoint, SFT_META)
+  if os.path.isfile(path):
+    with open(path) as f:
+      return ml_collections.ConfigDict(json.load(f)), "train"
+  if os.path.isfile(sft):
+    try:
+      with open(sft) as f:
+        config = json.load(f).get("config")
+    except (OSError, ValueError, AttributeError) as e:
+      raise UserError(f"checkpoint={checkpoint}: cannot read {SFT_META} ({type(e).__name__})") from None
+    if not isinstance(config, dict):
+      raise UserError(f"checkpoint={checkpoint}: {SFT_META} holds no run config (written by an older launch.sft); "
+                      "pre-train again to evaluate it")
+    return ml_collections.ConfigDict(config), "sft"
+  raise UserError(f"checkpoint={checkpoint} is not a run workdir (no config.json) nor a launch.sft --out "
+                  f"directory (no {SFT_META})")
 
 
 def saved_run(saved) -> "RunSpec":
@@ -323,23 +401,27 @@ def _restore(checkpoint: str, run: "RunSpec", policy):
   return restored
 
 
-def check_args(episodes: int, seed: int) -> None:
+def check_args(episodes: int, seed: int, actions: str = "sample") -> None:
   """Before the run is read or any env built."""
   from ebrl.validation import SEED_MAX  # pylint: disable=g-import-not-at-top
 
+  check_actions(actions)
   if episodes <= 0:
     raise UserError(f"episodes={episodes} must be a positive integer (one episode per env)")
   if not 0 <= seed <= SEED_MAX:
     raise UserError(f"seed={seed} must be an integer in [0, {SEED_MAX}] (EnvPool takes int32 seeds)")
 
 
-def evaluate_run(checkpoint: str, env: str | None = None, episodes: int = 32, seed: int = 12345,
-                 out: str | None = None) -> dict:
-  """Evaluates the newest checkpoint of the run in `checkpoint` (its workdir) on `env` (default: the
-  env it trained on; the same task on the other backend works too) and returns env, trained_on,
-  episodes, episode_return, episode_length, success_rate (None without a success signal),
-  success_rate_by_task (multi-task envs only) and checkpoint_env_steps; also written to `out` as
-  one JSON line when given."""
+def evaluate_run(checkpoint: str, env: str | None = None, episodes: int = 32, seed: int = HELD_OUT_SEED,
+                 out: str | None = None, actions: str = "sample") -> dict:
+  """Evaluates the newest checkpoint of the run in `checkpoint` (its workdir), or the params of a
+  launch.sft --out directory, on `env` (default: the env it trained on; the same task on the other
+  backend works too) with `actions` "sample" or "mean", and returns env, trained_on, source ("train"
+  or "sft"), actions, episodes, episode_return, episode_length, success_rate and success_ci95 (None
+  without a success signal), success_rate_by_task and success_ci95_by_task (multi-task envs only) and
+  checkpoint_env_steps (None for sft params); also written to `out` as one JSON line when given. The
+  default seed is the held-out one (HELD_OUT_SEED) a fine-tuning run and launch.sft evaluate on, so
+  every checkpoint compared starts from the same initial states."""
   import json  # pylint: disable=g-import-not-at-top
   import os
 
@@ -347,8 +429,9 @@ def evaluate_run(checkpoint: str, env: str | None = None, episodes: int = 32, se
   from policies import IncompatibleObservationError, make_policy
   from sim_adapters import UnknownEnvError, check_env_name
 
-  check_args(episodes, seed)
-  run = saved_run(_run_config(checkpoint))  # Its messages name the workdir as given.
+  check_args(episodes, seed, actions)
+  saved, source = _run_config(checkpoint)  # Its messages name the workdir as given.
+  run = saved_run(saved)
   checkpoint = os.path.abspath(checkpoint)
   env_name = env or run.env.name
   try:
@@ -365,9 +448,17 @@ def evaluate_run(checkpoint: str, env: str | None = None, episodes: int = 32, se
     policy = make_policy(run.policy.name, runner.spec, run.policy)
   except (IncompatibleObservationError, ValueError) as e:
     raise UserError(f"checkpoint={checkpoint}: {e}") from None
-  state, meta = _restore(checkpoint, run, policy)
-  result = {"env": env_name, "trained_on": run.env.name, **runner.run(policy, state.params),
-            "checkpoint_env_steps": int(meta["env_steps"])}
+  if source == "sft":
+    from ebrl.warm_start import load_params  # pylint: disable=g-import-not-at-top
+    try:
+      params, env_steps = load_params(checkpoint, policy.init(jax.random.PRNGKey(0))), None
+    except ValueError as e:
+      raise UserError(str(e)) from None
+  else:
+    state, meta = _restore(checkpoint, run, policy)
+    params, env_steps = state.params, int(meta["env_steps"])
+  result = {"env": env_name, "trained_on": run.env.name, "source": source,
+            **runner.run(policy, params, actions), "checkpoint_env_steps": env_steps}
   if out:
     with open(out, "w") as f:
       f.write(json.dumps(result) + "\n")

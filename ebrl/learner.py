@@ -44,6 +44,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from ebrl import normalizer
+from ebrl.algorithms import imitation
 from ebrl.algorithms.gae import gae
 from ebrl.algorithms.grpo import group_relative_advantages
 from ebrl.algorithms.ppo import PPOConfig, kl_to_reference, masked_mean, ppo_loss, token_kl_to_reference
@@ -54,7 +55,8 @@ from ebrl.types import Rollout, SegmentBatch, TrainState
 from policies.base import Policy, critic_mask
 
 
-OBS_NORM_UPDATES = ("after", "before", "every_step")  # When the observation statistics take a batch (LearnerConfig).
+OBS_NORM_UPDATES = ("after", "before", "every_step", "frozen")  # When the observation statistics take a batch.
+REF_KL_MODES = ("sample", "mean")  # What the KL penalty toward the reference measures (LearnerConfig).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +89,8 @@ class LearnerConfig:
   # they arrive (ebrl/step_normalizer.py), the rollout holds them normalised as acted on, and the
   # update trains on exactly those with identity statistics; the state's statistics are the acting
   # loop's, set by the scheduler before the update, and the update leaves them as they are.
+  # "frozen": never: the statistics a warm start brought (the demos') stay bit-identical, so a pre-trained
+  # network keeps seeing the inputs it was trained on.
   obs_norm_update: str = "after"
   # Value normalisation: the critic predicts returns standardised by running statistics of the
   # value targets (TrainState.value_norm), whose history weighs as at most value_norm_count
@@ -107,6 +111,22 @@ class LearnerConfig:
   # the KL penalty toward TrainState.reference (0: no reference is kept).
   critic_warmup_updates: int = 0
   ref_kl_coef: float = 0.0
+  # With critic_warmup_ev > 0 the warm-up ends at the first update whose batch the critic explains to
+  # at least this fraction of the targets' variance, and critic_warmup_updates is only its cap.
+  critic_warmup_ev: float = 0.0
+  # "sample": KL(policy || reference) estimated on the batch's actions (every policy); "mean": a
+  # Gaussian policy's mean against the reference's, in the reference's std (0.5 sum ((mu - mu_ref) /
+  # std_ref)^2), so exploration (the std) may shrink or grow without being pulled back.
+  ref_kl_mode: str = "sample"
+  # Separate Adam states, gradient-norm clips and rates for the actor and the critic (the leaves
+  # policies.base.critic_mask marks) when either is > 0 (0: learning_rate); one Adam when both are 0.
+  actor_learning_rate: float = 0.0
+  critic_learning_rate: float = 0.0
+  # The demonstration term (DAPG): bc_coef * bc_decay**version times the policy family's
+  # imitation loss (ebrl/algorithms/imitation.py) on bc_batch_size demo rows drawn per minibatch step.
+  bc_coef: float = 0.0
+  bc_decay: float = 1.0
+  bc_batch_size: int = 256
   # What PPO's ratio is taken over: "decision" (the whole action or chunk) or "token" (each action
   # token of a tokenising policy, the vla: ppo_loss clips each token's ratio; target_kl then
   # bounds the approx KL per token).
@@ -125,6 +145,9 @@ class LearnerConfig:
         value_norm=a.value_norm, value_norm_count=float(a.value_norm_count), max_staleness=max_staleness,
         algorithm=a.name, group_size=a.group_size,
         critic_warmup_updates=a.critic_warmup_updates, ref_kl_coef=float(a.ref_kl_coef), ratio_level=a.ratio_level,
+        critic_warmup_ev=float(a.critic_warmup_ev), ref_kl_mode=a.ref_kl_mode,
+        actor_learning_rate=float(a.actor_learning_rate), critic_learning_rate=float(a.critic_learning_rate),
+        bc_coef=float(a.bc_coef), bc_decay=float(a.bc_decay), bc_batch_size=int(a.bc_batch_size),
         correction=a.correction, vtrace_rho_clip=a.vtrace_rho_clip, vtrace_c_clip=a.vtrace_c_clip,
         ppo=PPOConfig(clip_eps=a.clip_eps, value_clip_eps=a.value_clip_eps, vf_coef=a.vf_coef,
                       ent_coef=a.ent_coef, normalize_advantages=a.normalize_advantages,
@@ -142,22 +165,82 @@ def learning_rate_schedule(cfg: LearnerConfig) -> optax.Schedule:
   return optax.constant_schedule(cfg.learning_rate)
 
 
-def make_optimizer(cfg: LearnerConfig) -> optax.GradientTransformation:
+def separate_optimizers(cfg: LearnerConfig) -> bool:
+  """Whether actor and critic have Adam states (and rates) of their own."""
+  return cfg.actor_learning_rate > 0 or cfg.critic_learning_rate > 0
+
+
+def group_rates(cfg: LearnerConfig) -> dict[str, float]:
+  """The base rate of each optimiser group: "actor" and "critic", or "all"."""
+  if not separate_optimizers(cfg):
+    return {"all": cfg.learning_rate}
+  return {"actor": cfg.actor_learning_rate or cfg.learning_rate,
+          "critic": cfg.critic_learning_rate or cfg.learning_rate}
+
+
+def _adam(cfg: LearnerConfig, rate: float) -> optax.GradientTransformation:
   # inject_hyperparams keeps the rate in the optimiser state, where each update sets it from the
   # schedule and the metrics read it (`learning_rate`).
-  adam = optax.inject_hyperparams(optax.adam)(learning_rate=cfg.learning_rate, eps=1e-5)
+  adam = optax.inject_hyperparams(optax.adam)(learning_rate=rate, eps=1e-5)
   return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), adam)
 
 
+def make_optimizer(cfg: LearnerConfig, net=None) -> optax.GradientTransformation:
+  """One Adam over the whole net, or (separate_optimizers) one for the actor's leaves and one for the
+  critic's, each with its own gradient-norm clip: a critic whose value loss pulls hard (a fresh
+  critic under a pre-trained actor) then neither spends the actor's clip nor moves at its rate."""
+  if not separate_optimizers(cfg):
+    return _adam(cfg, cfg.learning_rate)
+  rates = group_rates(cfg)
+  labels = lambda net: jax.tree.map(lambda c: "critic" if c else "actor", critic_mask(net))
+  return optax.multi_transform({g: _adam(cfg, r) for g, r in rates.items()}, labels)
+
+
+def _inner_states(opt_state) -> dict:
+  """{group: chain state} of an optimiser from `make_optimizer`."""
+  if isinstance(opt_state, optax.MultiTransformState):
+    return dict(opt_state.inner_states)
+  return {"all": opt_state}
+
+
+def _chain_rate(chain_state) -> jax.Array:
+  return chain_state[1].hyperparams["learning_rate"]
+
+
+def _with_chain_rate(chain_state, rate):
+  hyper = {**chain_state[1].hyperparams, "learning_rate": jnp.asarray(rate, jnp.float32)}
+  return (chain_state[0], chain_state[1]._replace(hyperparams=hyper)) + tuple(chain_state[2:])
+
+
+def learning_rates(opt_state) -> dict[str, jax.Array]:
+  """The rate of the latest update per optimiser group."""
+  out = {}
+  for group, inner in _inner_states(opt_state).items():
+    inner = getattr(inner, "inner_state", inner)  # multi_transform wraps each group's state.
+    out[group] = _chain_rate(inner)
+  return out
+
+
 def learning_rate(opt_state) -> jax.Array:
-  """The rate of the latest update (the optimiser's state from `make_optimizer`)."""
-  return opt_state[1].hyperparams["learning_rate"]
+  """The rate of the latest update (the actor's where actor and critic have their own)."""
+  rates = learning_rates(opt_state)
+  return rates.get("all", rates.get("actor"))
 
 
-def with_learning_rate(opt_state, rate: jax.Array):
-  """The optimiser state with the rate every step of the next update uses."""
-  hyper = {**opt_state[1].hyperparams, "learning_rate": jnp.asarray(rate, jnp.float32)}
-  return (opt_state[0], opt_state[1]._replace(hyperparams=hyper)) + tuple(opt_state[2:])
+def with_learning_rate(opt_state, scale: jax.Array, cfg: LearnerConfig | None = None):
+  """The optimiser state with the rates every step of the next update uses: `scale` is the rate
+  itself for one optimiser, or the schedule's factor (rate / learning_rate) that multiplies each
+  group's base rate."""
+  if not isinstance(opt_state, optax.MultiTransformState):
+    return _with_chain_rate(opt_state, scale)
+  factor = scale / cfg.learning_rate
+  inner = {}
+  for group, state in opt_state.inner_states.items():
+    wrapped = getattr(state, "inner_state", None)
+    rate = group_rates(cfg)[group] * factor
+    inner[group] = (state._replace(inner_state=_with_chain_rate(wrapped, rate)) if wrapped is not None
+                    else _with_chain_rate(state, rate))
+  return opt_state._replace(inner_states=inner)
 
 
 def make_mesh(devices=None) -> Mesh:
@@ -184,7 +267,8 @@ def init_train_state(policy: Policy, cfg: LearnerConfig, key: jax.Array) -> Trai
   return TrainState(params=params, opt_state=make_optimizer(cfg).init(params["net"]), key=key,
                     version=jnp.zeros((), jnp.int32), skipped_updates=jnp.zeros((), jnp.int32),
                     value_norm=normalizer.init_stats(1), reward_norm=normalizer.init_return_norm(cfg.num_envs),
-                    reference=params if cfg.ref_kl_coef > 0 else None)
+                    reference=params if cfg.ref_kl_coef > 0 else None,
+                    critic_ready=jnp.zeros((), bool) if cfg.critic_warmup_ev > 0 else None)
 
 
 def with_reference(state: TrainState, params) -> TrainState:
@@ -206,7 +290,10 @@ def rollout_sharding(mesh: Mesh, rollout: Rollout) -> Rollout:
 class Learner:
   """Owns the jitted update; `update` takes host or device rollouts."""
 
-  def __init__(self, policy: Policy, cfg: LearnerConfig, mesh: Mesh | None = None):
+  def __init__(self, policy: Policy, cfg: LearnerConfig, mesh: Mesh | None = None,
+               demos: dict | None = None):
+    """demos: the demonstration rows of the bc term ({"obs": {key: [N, ...]}, "actions": [N, K*A],
+    "mask": [N, K*A]}, numpy), needed when cfg.bc_coef > 0; held on the learner's devices, replicated."""
     if cfg.algorithm not in ("ppo", "grpo"):
       raise ValueError(f"unknown learner algorithm '{cfg.algorithm}'; valid: ppo, grpo")
     if cfg.obs_norm_update not in OBS_NORM_UPDATES:
@@ -216,11 +303,18 @@ class Learner:
     if cfg.ref_kl_coef > 0 and cfg.obs_norm_update == "every_step":
       raise ValueError("ref_kl_coef > 0 needs raw observations in the batch (the reference normalises them with "
                        "its own statistics); obs_norm_update='every_step' stores them normalised")
+    if cfg.ref_kl_mode not in REF_KL_MODES:
+      raise ValueError(f"unknown ref_kl_mode '{cfg.ref_kl_mode}'; valid: {', '.join(REF_KL_MODES)}")
+    if cfg.ref_kl_coef > 0 and cfg.ref_kl_mode == "mean" and not hasattr(policy, "_forward"):
+      raise ValueError(f"ref_kl_mode='mean' needs a Gaussian policy (mlp, cnn), not '{policy.name}'")
+    if cfg.bc_coef > 0 and not demos:
+      raise ValueError("bc_coef > 0 needs the demonstration rows (demos=...)")
     self.policy = policy
     self.cfg = cfg
     self.mesh = mesh or make_mesh()
     self._optimizer = make_optimizer(cfg)
     self.replicated = NamedSharding(self.mesh, P())  # Where a train state lives.
+    self._demos = jax.device_put(demos, self.replicated) if cfg.bc_coef > 0 else None
     self._spans_processes = spans_processes(self.mesh)
     self._update: Callable = jax.jit(self._rollout_fn, donate_argnums=(0,))
     self._update_segments: Callable = jax.jit(self._segments_fn, donate_argnums=(0,))
@@ -247,7 +341,7 @@ class Learner:
     return jax.tree.map(lambda s, x: jax.make_array_from_process_local_data(s, np.asarray(x)), shardings, rollout)
 
   def update(self, state: TrainState, rollout: Rollout) -> tuple[TrainState, dict]:
-    return self._update(state, self.place(rollout))
+    return self._update(state, self.place(rollout), self._demos)
 
   def update_segments(self, state: TrainState, batch: SegmentBatch) -> tuple[TrainState, dict]:
     """Off-policy update (decoupled PPO or V-trace) from segments produced by older versions."""
@@ -257,9 +351,9 @@ class Learner:
     if self.cfg.obs_norm_update == "every_step":
       raise ValueError("obs_norm_update='every_step' needs the sync acting loop's step-by-step statistics; "
                        "segments carry raw observations (use 'after' or 'before')")
-    return self._update_segments(state, self.place(batch))
+    return self._update_segments(state, self.place(batch), self._demos)
 
-  def _segments_fn(self, state: TrainState, sb: SegmentBatch) -> tuple[TrainState, dict]:
+  def _segments_fn(self, state: TrainState, sb: SegmentBatch, demos=None) -> tuple[TrainState, dict]:
     horizon = sb.actions.shape[0]
     shift = {}
     if self.cfg.obs_norm_update == "before":
@@ -283,9 +377,10 @@ class Learner:
       targets = vtrace(rewards, values_raw, sb.terminated, _cut(sb.done, valid), prox_logp - sb.logp,
                        _gamma(cfg, sb), cfg.gae_lambda, cfg.vtrace_rho_clip, cfg.vtrace_c_clip)
       new_state, metrics = self._update_fn(state, ro.replace(logp=sb.logp), targets=targets,
-                                           scaled=(rewards, reward_norm))
+                                           scaled=(rewards, reward_norm), demos=demos)
     else:
-      new_state, metrics = self._update_fn(state, ro, behaviour_logp=sb.logp, scaled=(rewards, reward_norm))
+      new_state, metrics = self._update_fn(state, ro, behaviour_logp=sb.logp, scaled=(rewards, reward_norm),
+                                           demos=demos)
     # Staleness of every sample that reached the learner, before any masking: the bound is
     # checked on what the admission path let through, not on what survived the mask.
     metrics.update(_staleness(state.version, sb.version, sb.valid))
@@ -293,22 +388,22 @@ class Learner:
     metrics.update(shift)
     return new_state, metrics
 
-  def _rollout_fn(self, state: TrainState, ro: Rollout) -> tuple[TrainState, dict]:
+  def _rollout_fn(self, state: TrainState, ro: Rollout, demos=None) -> tuple[TrainState, dict]:
     """The on-policy update; with obs_norm_update="before" the normaliser takes the rollout first
     and the rollout's log-probs under the updated statistics are the proximal ones, weighed against
     the acting ones (equal while the statistics stand still); with "every_step" the rollout's
     observations are normalised already, by the statistics of their step."""
-    if self.cfg.obs_norm_update == "after":
-      return self._update_fn(state, ro)
+    if self.cfg.obs_norm_update in ("after", "frozen"):
+      return self._update_fn(state, ro, demos=demos)
     if self.cfg.obs_norm_update == "every_step":
       stats = state.params["obs_norm"]
       as_acted = state.replace(params={**state.params, "obs_norm": identity_stats(stats.mean.shape[-1])})
-      new_state, metrics = self._update_fn(as_acted, ro)
+      new_state, metrics = self._update_fn(as_acted, ro, demos=demos)
       return new_state.replace(params={**new_state.params, "obs_norm": stats}), metrics
     state, shift = self._normalise_first(state, ro.obs, ro.valid)
     prox_logp, _, _ = self._proximal(state.params, ro.obs, ro.actions)
     new_state, metrics = self._update_fn(state, ro.replace(logp=jax.lax.stop_gradient(prox_logp)),
-                                         behaviour_logp=ro.logp)
+                                         behaviour_logp=ro.logp, demos=demos)
     metrics.update(shift)
     return new_state, metrics
 
@@ -321,8 +416,8 @@ class Learner:
   def _normalise_first(self, state: TrainState, obs, valid: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
     """obs_norm_update="before": the state with the batch merged into the observation statistics
     before the epochs (rollouts and segments alike), and how far that moved them."""
-    params = _unless_warming_up(self.cfg, state.version, self.policy.update_normalizer(state.params, obs, valid),
-                                state.params)
+    params = _unless_warming_up(self.cfg, warmup_of(self.cfg, state),
+                                self.policy.update_normalizer(state.params, obs, valid), state.params)
     return state.replace(params=params), _normalizer_shift(state.params, params)
 
   def _rewards(self, state: TrainState, rewards: jax.Array, done: jax.Array, valid: jax.Array, gamma,
@@ -343,7 +438,8 @@ class Learner:
   # The whole algorithm, in one screen.
   def _update_fn(self, state: TrainState, ro: Rollout, behaviour_logp: jax.Array | None = None,
                  targets: tuple[jax.Array, jax.Array] | None = None,
-                 scaled: tuple[jax.Array, normalizer.ReturnNorm] | None = None) -> tuple[TrainState, dict]:
+                 scaled: tuple[jax.Array, normalizer.ReturnNorm] | None = None,
+                 demos: dict | None = None) -> tuple[TrainState, dict]:
     cfg, policy = self.cfg, self.policy
     ppo_cfg = cfg.ppo
     # The rewards as learned from (`scaled`: computed by the caller, segments) and the reward
@@ -373,7 +469,12 @@ class Learner:
       data["behaviour_logp"] = flat(behaviour_logp)
     per_token = cfg.ratio_level == "token"
     exact_kl = cfg.ref_kl_coef > 0 and hasattr(policy, "evaluate_token_distributions")
-    if exact_kl:  # The reference's token distributions [B, N, bins], once per update.
+    mean_kl = cfg.ref_kl_coef > 0 and cfg.ref_kl_mode == "mean"
+    if mean_kl:  # The reference's Gaussian (mean, log std) on the batch, once per update.
+      ref_mean, ref_log_std, _ = policy._forward(state.reference, ro.obs)  # pylint: disable=protected-access
+      data["ref_mean"] = flat(jax.lax.stop_gradient(ref_mean))
+      data["ref_inv_std"] = flat(jax.lax.stop_gradient(jnp.broadcast_to(jnp.exp(-ref_log_std), ref_mean.shape)))
+    elif exact_kl:  # The reference's token distributions [B, N, bins], once per update.
       data["ref_dist"] = flat(jax.lax.stop_gradient(policy.evaluate_token_distributions(
           state.reference, ro.obs, ro.actions)[3]))
     elif cfg.ref_kl_coef > 0:  # The reference's log-probs of the batch's actions, once per update.
@@ -384,12 +485,18 @@ class Learner:
       # from) per action token, once. (The segment and "before" paths pass them per token already.)
       prox_tokens, _, _ = self._proximal(state.params, ro.obs, ro.actions)
       data["logp"] = flat(jax.lax.stop_gradient(prox_tokens))
-    warming_up = state.version < cfg.critic_warmup_updates
     is_critic = critic_mask(state.params["net"])
     num = data["adv"].shape[0]
     mb = num // cfg.num_minibatches
     scale = _target_scale(flat(values[:-1]), data["adv"], flat(returns), data["mask"])
     scale.update(_out_of_bounds(getattr(policy, "spec", None), data["actions"], data["mask"]))
+    # The critic warm-up: a fixed count of updates, or (critic_warmup_ev) until the critic explains
+    # the batch's targets well enough, at most that count.
+    warming_up = warmup_of(cfg, state)
+    if cfg.critic_warmup_ev > 0:
+      warming_up = warming_up & (scale["explained_variance"] < cfg.critic_warmup_ev)
+    bc_loss_fn = imitation.loss_for(policy) if cfg.bc_coef > 0 else None
+    bc_weight = cfg.bc_coef * jnp.power(jnp.float32(cfg.bc_decay), state.version.astype(jnp.float32))
 
     def loss_fn(net, params, b):
       p = {**params, "net": net}
@@ -400,12 +507,20 @@ class Learner:
         logp, entropy, value = self._proximal(p, b["obs"], b["actions"])
       loss, metrics = ppo_loss(ppo_cfg, logp, entropy, value, b["logp"], b["values"], b["adv"], b["returns"],
                                b["mask"], b.get("behaviour_logp"))
-      if exact_kl:
+      if mean_kl:
+        mean, _, _ = policy._forward(p, b["obs"])  # pylint: disable=protected-access
+        z = (mean - b["ref_mean"]) * b["ref_inv_std"]
+        metrics["ref_kl"] = masked_mean(0.5 * jnp.sum(jnp.square(z), axis=-1), b["mask"])
+      elif exact_kl:
         metrics["ref_kl"] = token_kl_to_reference(dist, b["ref_dist"], b["mask"])
       elif "ref_logp" in b:
         metrics["ref_kl"] = kl_to_reference(logp.sum(-1) if per_token else logp, b["ref_logp"], b["mask"])
       if "ref_kl" in metrics:
         loss = loss + cfg.ref_kl_coef * metrics["ref_kl"]
+      if bc_loss_fn is not None:  # The demonstrations stay in the update (DAPG's decaying weight).
+        d = b["demo"]
+        metrics["bc_loss"] = bc_loss_fn(p, d["obs"], d["actions"], d["mask"], b["bc_key"])
+        loss = loss + bc_weight * metrics["bc_loss"]
       return loss, metrics
 
     def minibatch_step(carry, b):
@@ -426,19 +541,24 @@ class Learner:
       return carry, {**metrics, "loss": loss, "grad_norm": grad_norm, "steps_applied": apply.astype(jnp.float32)}
 
     def epoch(carry, key):
-      perm = jax.random.permutation(key, num)
+      perm_key, demo_key, bc_key = jax.random.split(key, 3)
+      perm = jax.random.permutation(perm_key, num)
       batches = jax.tree.map(lambda x: x[perm].reshape((cfg.num_minibatches, mb) + x.shape[1:]), data)
+      if bc_loss_fn is not None:  # bc_batch_size demo rows per minibatch step, as `demo_draws` picks them.
+        idx = demo_draws(demo_key, demos["actions"].shape[0], cfg.num_minibatches, cfg.bc_batch_size)
+        batches["demo"] = jax.tree.map(lambda x: x[idx], demos)
+        batches["bc_key"] = jax.random.split(bc_key, cfg.num_minibatches)
       return jax.lax.scan(minibatch_step, carry, batches)
 
     key, epoch_key = jax.random.split(state.key)
-    opt_state = with_learning_rate(state.opt_state, learning_rate_schedule(cfg)(state.version))
+    opt_state = with_learning_rate(state.opt_state, learning_rate_schedule(cfg)(state.version), cfg)
     carry = (state.params, opt_state, state.skipped_updates, jnp.zeros((), bool))
     (params, opt_state, skipped, _), metrics = jax.lax.scan(
         epoch, carry, jax.random.split(epoch_key, cfg.epochs))
     metrics = jax.tree.map(jnp.mean, metrics)
     metrics.update(scale)
-    if cfg.obs_norm_update == "after":  # "before": the caller has.
-      new_params = _unless_warming_up(cfg, state.version, policy.update_normalizer(params, ro.obs, ro.valid), params)
+    if cfg.obs_norm_update == "after":  # "before": the caller has; "frozen": never.
+      new_params = _unless_warming_up(cfg, warming_up, policy.update_normalizer(params, ro.obs, ro.valid), params)
       metrics.update(_normalizer_shift(params, new_params))
       params = new_params
     value_norm = state.value_norm
@@ -448,22 +568,43 @@ class Learner:
     metrics["skipped_updates"] = skipped
     metrics.update(_staleness(state.version, ro.version, ro.valid))
     metrics["learning_rate"] = learning_rate(opt_state)
+    if separate_optimizers(cfg):
+      metrics["critic_learning_rate"] = learning_rates(opt_state)["critic"]
+    if bc_loss_fn is not None:
+      metrics["bc_weight"] = bc_weight
     if cfg.reward_norm:
       metrics["reward_norm_std"] = jnp.sqrt(reward_norm.stats.var[0] + 1e-8)
     if cfg.critic_warmup_updates > 0:
       metrics["critic_warmup"] = warming_up.astype(jnp.float32)
+    critic_ready = None if state.critic_ready is None else state.critic_ready | ~warming_up
     new_state = TrainState(params=params, opt_state=opt_state, key=key, version=state.version + 1,
                            skipped_updates=skipped, value_norm=value_norm, reward_norm=reward_norm,
-                           reference=state.reference)
+                           reference=state.reference, critic_ready=critic_ready)
     return new_state, metrics
 
 
-def _unless_warming_up(cfg: LearnerConfig, version: jax.Array, new_params, old_params):
+def demo_draws(key: jax.Array, num_rows: int, num_minibatches: int, batch_size: int) -> jax.Array:
+  """[num_minibatches, batch_size] demo row indices for one epoch: one shuffle of the rows, read in
+  order and wrapping around, so an epoch sees every row before any row twice (with batch_size equal
+  to the rows and one minibatch, every row exactly once)."""
+  perm = jax.random.permutation(key, num_rows)
+  return perm[jnp.arange(num_minibatches * batch_size) % num_rows].reshape(num_minibatches, batch_size)
+
+
+def warmup_of(cfg: LearnerConfig, state: TrainState) -> jax.Array:
+  """Whether the update `state` starts may still be part of the critic warm-up: below its count (the
+  cap with critic_warmup_ev) and, with critic_warmup_ev, not ended by an earlier update."""
+  warming_up = state.version < cfg.critic_warmup_updates
+  if state.critic_ready is not None:
+    warming_up = warming_up & ~state.critic_ready
+  return warming_up
+
+
+def _unless_warming_up(cfg: LearnerConfig, warming_up: jax.Array, new_params, old_params):
   """`new_params` (the observation statistics after a batch), or `old_params` during a critic
   warm-up: the statistics are part of what the actor computes, so they stand still with it."""
   if cfg.critic_warmup_updates <= 0:
     return new_params
-  warming_up = version < cfg.critic_warmup_updates
   return jax.tree.map(lambda n, o: jnp.where(warming_up, o, n), new_params, old_params)
 
 

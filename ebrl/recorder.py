@@ -37,6 +37,7 @@ import tqdm.auto
 from ebrl import interrupts
 from ebrl.checkpointing import Checkpointer
 from ebrl.errors import UserError
+from ebrl.evaluation import success_figures
 from ebrl.learner import process_local
 from ebrl.process_group import ProcessGroup
 from ebrl.spec import RunSpec
@@ -115,7 +116,8 @@ class RunRecorder:
     # capacity (the only source of such samples), over every launch of the run.
     self.stale_dropped = 0
     self.force_started = 0
-    self.start_eval: dict | None = None  # The starting policy's evaluation (eval_episodes > 0).
+    self.start_eval: dict | None = None  # The starting policy's evaluation (eval_episodes > 0), sampled actions.
+    self.start_eval_mean: dict | None = None  # The same with its mean actions.
     # This launch's.
     self.startup_s = startup_s  # Seconds from launch to each start-up milestone (summary.json).
     self.events: list[dict] = []  # {"t": run wall_s, "label"}: the tuners' actions, for the controller plot.
@@ -142,6 +144,7 @@ class RunRecorder:
     self.stale_dropped = int(meta.get("stale_dropped", 0))
     self.force_started = int(meta.get("force_started", 0))
     self.start_eval = meta.get("start_eval")
+    self.start_eval_mean = meta.get("start_eval_mean")
     self.tracker.load_state_dict(mine.get("episodes", {}))
     self.sampler.restore_counter(int(mine.get("sampler_calls", 0)))
     if self.group.leader:
@@ -314,6 +317,7 @@ class RunRecorder:
             **({"best_success_rate_by_task": dict(self.best_success_by_task)} if self.tracker.tasks else {}),
             "stale_dropped": self.stale_dropped, "force_started": self.force_started, "env_seed": self.env_seed,
             **({"start_eval": self.start_eval} if self.start_eval is not None else {}),
+            **({"start_eval_mean": self.start_eval_mean} if self.start_eval_mean is not None else {}),
             **mine}
     with interrupts.uninterruptible():
       self.checkpointer.save(env_steps, self.state, meta)
@@ -333,8 +337,11 @@ class RunRecorder:
     if self.tally.tasks:
       self.best_success_by_task = _best_by_task(self.best_success_by_task, self.tally.success_rate_by_task)
 
-  def summarize(self, final_eval: dict | None) -> dict:
-    """summary.json and the plots (process 0's to write) and this process's trace; returns the summary."""
+  def summarize(self, final_eval: dict | None, final_eval_mean: dict | None = None) -> dict:
+    """summary.json and the plots (process 0's to write) and this process's trace; returns the summary.
+    With an evaluation (`final_eval`, sampled actions; `final_eval_mean`, mean actions): start_eval and
+    final_eval (the sampled ones, whole) and success_before / success_after: {"mean": ..., "sample":
+    ...}, each the success figures of `success_figures` (None for a mode that was not evaluated)."""
     run, tracker = self.run, self.tally
     elapsed = time.time() - self.start_time
     stages = self.busy_s()
@@ -362,7 +369,11 @@ class RunRecorder:
         "env_seed": self.env_seed,
         "startup_s": self.startup_s,
         "stage_busy": {k: v / max(elapsed, 1e-9) for k, v in stages.items()},
-        **({"start_eval": self.start_eval, "final_eval": final_eval} if final_eval is not None else {}),
+        **({"start_eval": self.start_eval, "final_eval": final_eval,
+            "success_before": {"mean": success_figures(self.start_eval_mean),
+                               "sample": success_figures(self.start_eval)},
+            "success_after": {"mean": success_figures(final_eval_mean), "sample": success_figures(final_eval)}}
+           if final_eval is not None else {}),
         "num_processes": self.group.count,
         "params_sha256_by_process": self.params_digests(),
     }

@@ -8,6 +8,10 @@ single dispatch. Actions come back raw (for the log-prob) and clipped to the
 env's bounds (for the simulator). With a generation mesh (config.devices.gen),
 each batch is split along its env axis over the mesh's devices (padded to a
 multiple of them) and the params are those the store placed there.
+
+actions="mean" acts deterministically with the policy's `mean_action` (evaluation's mean
+mode): the same actions for the same observations, whatever the key. The logp and value it
+returns are zeros (nothing learns from such steps; `value` still reads the critic).
 """
 
 from __future__ import annotations
@@ -22,24 +26,31 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from ebrl.param_store import ParamStore
 from ebrl.step_normalizer import identity_stats
-from policies.base import Policy, action_size, state_value
+from policies.base import MeanActing, Policy, action_size, state_value
 from sim_adapters.base import EnvSpec
+
+ACTION_MODES = ("sample", "mean")  # How a Sampler acts: policy.sample, or policy.mean_action.
 
 
 class Actions(NamedTuple):
-  action: np.ndarray  # [B, action_size] raw policy sample (what logp is of)
+  action: np.ndarray  # [B, action_size] raw policy sample (what logp is of), or its mean action
   env_action: np.ndarray  # [B, A] clipped to the env's action bounds
-  logp: np.ndarray  # [B]
-  value: np.ndarray  # [B]
+  logp: np.ndarray  # [B] (zeros with actions="mean")
+  value: np.ndarray  # [B] (zeros with actions="mean")
 
 
 class Sampler:
 
   def __init__(self, policy: Policy, spec: EnvSpec, params: ParamStore, seed: int = 0, mesh: Mesh | None = None,
-               prenormalized: bool = False):
+               prenormalized: bool = False, actions: str = "sample"):
     """prenormalized: the observations come normalised already (ebrl/step_normalizer.py), so the
-    policy acts on them with identity statistics instead of the params' own."""
+    policy acts on them with identity statistics instead of the params' own. actions: "sample"
+    (training's) or "mean" (`policy.mean_action`; logp and value zeros)."""
+    if actions not in ACTION_MODES:
+      raise ValueError(f"actions='{actions}' must be one of: {', '.join(ACTION_MODES)}")
     self.policy = policy
+    self.actions = actions
+    acting = MeanActing(policy) if actions == "mean" else policy
     self.params = params
     self._batch_sharding = None if mesh is None else NamedSharding(mesh, P(mesh.axis_names[0]))
     self._devices = 1 if mesh is None else mesh.devices.size
@@ -52,7 +63,7 @@ class Sampler:
     def act(params, obs, key, counter):
       params = as_given(params)
       # The env gets the first action_dim entries (a flow policy's raw action also carries its chain).
-      action, logp, value, _ = policy.sample(params, obs, jax.random.fold_in(key, counter))
+      action, logp, value, _ = acting.sample(params, obs, jax.random.fold_in(key, counter))
       return action, jnp.clip(action[..., :a], low, high), logp, value
 
     self._act = jax.jit(act)

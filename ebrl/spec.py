@@ -50,6 +50,8 @@ class EnvSettings:
   shift_at_s: float
   shift_sim_us: float
   reward_type: str
+  success_bonus: float
+  end_on_success: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +61,8 @@ class PolicySettings:
   name: str
   hidden: tuple[int, ...]
   init_log_std: float
+  min_std: float  # mlp, cnn: action std bounds (0.0: none).
+  max_std: float
   chunk_size: int
   channels: tuple[int, ...]
   bins: int
@@ -66,8 +70,12 @@ class PolicySettings:
   depth: int
   heads: int
   decode: str
+  detach_critic: bool  # vla: the value head reads stop_gradient of the trunk.
   flow_steps: int
   flow_init_log_std: float
+  flow_min_log_std: float  # flow: floor of the log noise scale.
+  flow_hidden: tuple[int, ...]  # flow: the velocity net's layers.
+  flow_finetune_steps: int  # flow: trained (last) denoising steps; 0 = all.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +109,14 @@ class AlgorithmSettings:
   critic_warmup_updates: int
   ref_kl_coef: float
   ratio_level: str
+  critic_warmup_ev: float
+  ref_kl_mode: str
+  actor_learning_rate: float
+  critic_learning_rate: float
+  bc_coef: float
+  bc_decay: float
+  bc_batch_size: int
+  bc_demos: str
 
 
 @dataclasses.dataclass(frozen=True)

@@ -104,7 +104,7 @@ def build(run: RunSpec, devices: DevicePlacement, env_seed: int, hold: Callable[
     raise UserError(f"policy '{run.policy.name}': {e}") from None
   actions = action_size(policy, env_spec)
   learner = Learner(policy, LearnerConfig.of(run.algorithm, layout, run.max_staleness),
-                    mesh=make_mesh(_train_devices(placement.train)))
+                    mesh=make_mesh(_train_devices(placement.train)), demos=_bc_demos(run, env_spec))
   process_spec = _learner_process_spec(run, resources, learner, env_spec, layout, actions, placement)
   # threads or processes; a learner process's /dev/shm space is checked here, before any compile.
   stage_placement = _stage_placement(run, resources, learner, process_spec, say)
@@ -120,6 +120,29 @@ def build(run: RunSpec, devices: DevicePlacement, env_seed: int, hold: Callable[
                 action_size=actions, learner=learner, stage_placement=stage_placement,
                 learner_process_spec=process_spec if stage_placement == "processes" else None, params=params,
                 sampler=sampler, tracker=_episode_tracker(run, layout, env_spec, device_sim is not None))
+
+
+def _bc_demos(run: RunSpec, env_spec: EnvSpec) -> dict | None:
+  """The demonstration rows of the update's bc term (algorithm.bc_coef > 0), checked against the env
+  as pre-training checks them; None without the term."""
+  if run.algorithm.bc_coef <= 0:
+    return None
+  from ebrl.demos import DemoFormatError, open_demos  # pylint: disable=g-import-not-at-top
+  from ebrl.demos.rows import all_rows  # pylint: disable=g-import-not-at-top
+  from ebrl.validation import bc_demos_path  # pylint: disable=g-import-not-at-top
+
+  a = run.algorithm
+  path = bc_demos_path(a.bc_coef, a.bc_demos, run.outputs.warm_start)
+  try:
+    demos = open_demos(path)
+    if demos.env != run.env.name:
+      raise UserError(f"algorithm.bc_demos: demos in '{path}' were recorded on '{demos.env}'; the run's env is "
+                      f"'{run.env.name}'")
+    one_step = dataclasses.replace(env_spec, action_dim=env_spec.action_dim // max(1, env_spec.chunk_size))
+    demos.check_spec(one_step)
+    return all_rows(demos, max(1, run.policy.chunk_size))
+  except (DemoFormatError, ValueError) as e:
+    raise UserError(str(e)) from None
 
 
 def _local_devices(indices: tuple[int, ...]) -> list:
@@ -202,7 +225,8 @@ def _host_groups(run: RunSpec, layout: RunLayout, env_seed: int, clock: StageClo
           shift_at_s=env.shift_at_s, shift_sim_us=env.shift_sim_us, chunk_size=run.policy.chunk_size,
           reward_type=env.reward_type, gamma=run.algorithm.gamma,
           env_group_size=run.algorithm.group_size if run.algorithm.name == "grpo" else 1,
-          render_stage=env.render_stage, clock=clock, **pinning)
+          render_stage=env.render_stage, clock=clock, success_bonus=env.success_bonus,
+          end_on_success=env.end_on_success, **pinning)
   except (UnsupportedEnvError, ValueError) as e:
     raise UserError(str(e)) from None
   if resources is not None and env.render_stage:  # Draws get the render quota, not sim's.
@@ -252,6 +276,10 @@ def _stage_placement(run: RunSpec, resources, learner: Learner, process_spec: Le
   if run.learner_placement != "auto":
     return run.learner_placement
   chosen = resources.plan.placement if resources is not None else "threads"
+  if chosen == "processes" and run.algorithm.bc_coef > 0:
+    say("[placement] the demonstration term (algorithm.bc_coef) runs in the learner thread: the learner stays in "
+        "this process")
+    return "threads"
   if chosen == "processes":
     needed = shared_memory_bytes(learner, process_spec)
     if not shm.fits(needed):

@@ -178,7 +178,8 @@ class Trainer:
     elif run_spec.outputs.warm_start:  # Whenever no checkpoint was restored (also a first launch with resume=True).
       self._warm_start(run_spec.outputs.warm_start)
     if run_spec.outputs.eval_episodes > 0 and self.recorder.start_eval is None:  # A resumed run keeps its own.
-      self.recorder.start_eval = self.evaluate("start")
+      start = self.evaluate("start")
+      self.recorder.start_eval, self.recorder.start_eval_mean = start["sample"], start.get("mean")
     self.params.publish(self.state)
     self.recorder.open(progress)
     self._hold("metrics and progress bar", self.recorder.close)
@@ -237,16 +238,25 @@ class Trainer:
 
   def evaluate(self, when: str) -> dict:
     """`run_spec.outputs.eval_episodes` episodes (per task on a multi-task env) of the current policy, one per env,
-    on held-out env seeds, with the run's own env options; printed and returned."""
+    on held-out env seeds, with the run's own env options, in both action modes from the same initial
+    states: {"sample": as in training, "mean": the policy's deterministic mean action (absent for a
+    policy without one)}, each ebrl.evaluation's summary; printed on one line and returned."""
     from ebrl.evaluation import HELD_OUT_SEED, RunEnv, make_runner  # pylint: disable=g-import-not-at-top
     run_spec = self.run_spec
     n = run_spec.outputs.eval_episodes * max(1, len(self.tracker.tasks))
-    result = make_runner(run_spec.env.name, n, HELD_OUT_SEED + run_spec.seed, RunEnv.of_spec(run_spec)).run(
-        self.policy, jax.device_get(process_local(self.state.params)))
-    rate = result.get("success_rate")
-    tqdm.tqdm.write(f"{when} evaluation ({n} episodes): success {'n/a' if rate is None else f'{rate:.2f}'}, "
-                    f"return {result['episode_return']:.1f}")
-    return result
+    runner = make_runner(run_spec.env.name, n, HELD_OUT_SEED + run_spec.seed, RunEnv.of_spec(run_spec))
+    params = jax.device_get(process_local(self.state.params))
+    modes = ("sample", "mean") if callable(getattr(self.policy, "mean_action", None)) else ("sample",)
+    results = {mode: runner.run(self.policy, params, mode) for mode in modes}
+
+    def rate(r: dict) -> str:
+      sr, ci = r.get("success_rate"), r.get("success_ci95")
+      return "n/a" if sr is None else f"{sr:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]"
+
+    tqdm.tqdm.write(f"{when} evaluation ({n} episodes): success "
+                    + ", ".join(f"{mode} {rate(r)}" for mode, r in results.items())
+                    + f"; return {results['sample']['episode_return']:.1f} (sample)")
+    return results
 
   def checkpoint(self) -> None:
     self.recorder.checkpoint()
@@ -298,6 +308,6 @@ class Trainer:
     self.recorder.last_row()
     self.checkpoint()
     self._release(raise_errors=True)  # The checkpointer waits for its writes here.
-    final_eval = self.evaluate("final") if self.run_spec.outputs.eval_episodes > 0 else None  # Not in the run's rates.
-    self._finished = self.recorder.summarize(final_eval)
+    final = self.evaluate("final") if self.run_spec.outputs.eval_episodes > 0 else {}  # Not in the run's rates.
+    self._finished = self.recorder.summarize(final.get("sample"), final.get("mean"))
     return self._finished

@@ -51,6 +51,9 @@ class TrainState:
   # Fine-tuning with algorithm.ref_kl_coef > 0: the params the run started from (its warm start),
   # frozen; the update's KL penalty is taken against them. None otherwise.
   reference: Any = None
+  # Fine-tuning with algorithm.critic_warmup_ev > 0: whether the critic's warm-up has ended (bool
+  # scalar; it never starts again). None otherwise.
+  critic_ready: Any = None
 
 
 @flax.struct.dataclass

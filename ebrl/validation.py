@@ -21,6 +21,7 @@ SCHEDULERS = ("sync", "pipelined", "ebrl", "random")
 DEVICE_SCHEDULERS = ("sync", "ebrl", "random")
 ALGORITHMS = ("ppo", "grpo")
 RATIO_LEVELS = ("decision", "token")
+GAUSSIAN_POLICIES = ("mlp", "cnn")  # Policies whose actions are a Gaussian with a mean (ref_kl_mode=mean).
 LR_SCHEDULES = ("constant", "linear")
 CORRECTIONS = ("decoupled_ppo", "vtrace")
 RESOURCE_MODES = ("off", "auto", "naive", "manual")
@@ -268,6 +269,70 @@ def _check_env(cfg) -> None:
   if not _is_number(e.straggler_slowdown) or not 1.0 <= e.straggler_slowdown < math.inf:
     raise UserError(f"env.straggler_slowdown={e.straggler_slowdown!r} must be a finite number >= 1")
   _non_negative("env.straggler_step_ms", e.straggler_step_ms)
+  _check_success_options(cfg)
+
+
+def _check_success_options(cfg) -> None:
+  """env.success_bonus / env.end_on_success (sim_adapters/success.py): valid values, on MetaWorld host envs."""
+  e = cfg.env
+  _non_negative("env.success_bonus", e.success_bonus, " (reward added on success steps; 0 = none)")
+  if not isinstance(e.end_on_success, bool):
+    raise UserError(f"env.end_on_success={e.end_on_success!r} must be True or False")
+  on = [f"env.{k}={e[k]!r}" for k in ("success_bonus", "end_on_success") if e[k]]
+  if on and not e.name.startswith("MetaWorld/"):
+    raise UserError(f"{' and '.join(on)} applies to MetaWorld host envs (MetaWorld/<Task>-v3, MT10, MT50), not "
+                    f"'{e.name}'; leave success_bonus=0 and end_on_success=False")
+  if e.end_on_success and cfg.algorithm.name == "grpo":
+    raise UserError("env.end_on_success=True ends the episodes of a same-seed group at different steps, so "
+                    "algorithm.name=grpo would compare envs in different episodes; use end_on_success=False")
+
+
+def _check_fine_tuning(cfg) -> None:
+  """The fine-tuning knobs: critic warm-up by explained variance, the KL's mode, actor and critic rates,
+  the demonstration term and its demos."""
+  from ebrl.learner import REF_KL_MODES  # pylint: disable=g-import-not-at-top
+
+  a = cfg.algorithm
+  if not _is_number(a.critic_warmup_ev) or not 0.0 <= a.critic_warmup_ev < 1.0:
+    raise UserError(f"algorithm.critic_warmup_ev={a.critic_warmup_ev!r} must be in [0, 1) (the explained variance "
+                    "that ends the critic warm-up; 0 = a fixed count of updates)")
+  if a.critic_warmup_ev > 0 and a.critic_warmup_updates < 1:
+    raise UserError(f"algorithm.critic_warmup_ev={a.critic_warmup_ev} needs algorithm.critic_warmup_updates >= 1, "
+                    "its cap (got 0)")
+  if a.ref_kl_mode not in REF_KL_MODES:
+    raise UserError(f"algorithm.ref_kl_mode={a.ref_kl_mode!r} is not one of {', '.join(REF_KL_MODES)}")
+  if a.ref_kl_mode == "mean" and a.ref_kl_coef > 0 and cfg.policy.name not in GAUSSIAN_POLICIES:
+    raise UserError(f"algorithm.ref_kl_mode=mean compares a Gaussian policy's means ({', '.join(GAUSSIAN_POLICIES)}); "
+                    f"policy.name='{cfg.policy.name}' needs ref_kl_mode=sample")
+  _non_negative("algorithm.actor_learning_rate", a.actor_learning_rate, " (0 = learning_rate)")
+  _non_negative("algorithm.critic_learning_rate", a.critic_learning_rate, " (0 = learning_rate)")
+  _non_negative("algorithm.bc_coef", a.bc_coef, " (0 = no demonstration term)")
+  if not _is_number(a.bc_decay) or not 0.0 < a.bc_decay <= 1.0:
+    raise UserError(f"algorithm.bc_decay={a.bc_decay!r} must be in (0, 1] (the demonstration weight's factor per "
+                    "update; 1 = constant)")
+  _integer_at_least("algorithm.bc_batch_size", a.bc_batch_size, 1, " (demo steps per minibatch step)")
+  if a.bc_coef > 0:
+    bc_demos_path(a.bc_coef, a.bc_demos, cfg.warm_start)  # A one-line error where there are none.
+
+
+def bc_demos_path(bc_coef: float, bc_demos: str, warm_start: str) -> str:
+  """The demo directory of the demonstration term: algorithm.bc_demos, or the demos the warm start
+  was pre-trained on (its sft.json's "demos"). UserError (one line) where there is none."""
+  import json  # pylint: disable=g-import-not-at-top
+
+  path = bc_demos
+  if not path:
+    meta = os.path.join(warm_start, "sft.json") if warm_start else ""
+    if not meta or not os.path.isfile(meta):
+      raise UserError(f"algorithm.bc_coef={bc_coef} needs demonstrations: set --config.algorithm.bc_demos=<launch.demos "
+                      "directory>, or --config.warm_start=<a launch.sft --out directory> whose sft.json names them "
+                      f"(warm_start='{warm_start}' has none)")
+    with open(meta) as f:
+      path = json.load(f).get("demos", "")
+  if not os.path.isfile(os.path.join(path, "manifest.json")):
+    raise UserError(f"algorithm.bc_demos: '{path}' is not a demo directory (no manifest.json); record one with "
+                    "python -m launch.demos")
+  return path
 
 
 def _check_grpo_and_fine_tuning(cfg, device: bool) -> None:
@@ -294,6 +359,7 @@ def _check_grpo_and_fine_tuning(cfg, device: bool) -> None:
   if a.ref_kl_coef > 0 and a.obs_norm_update == "every_step":
     raise UserError(f"algorithm.ref_kl_coef={a.ref_kl_coef} needs raw observations in the batch; "
                     "algorithm.obs_norm_update='every_step' stores them normalised (valid with it: after, before)")
+  _check_fine_tuning(cfg)
   if a.ratio_level not in RATIO_LEVELS:
     raise UserError(f"algorithm.ratio_level={a.ratio_level!r} is not one of {', '.join(RATIO_LEVELS)}")
   if a.ratio_level == "token" and cfg.policy.name != "vla":
@@ -321,10 +387,29 @@ def _check_policy(cfg) -> None:
   if p.name == "flow":
     if not isinstance(p.flow_steps, int) or p.flow_steps < 1:
       raise UserError(f"policy.flow_steps={p.flow_steps!r} must be an integer >= 1")
-    if not -4.0 < p.flow_init_log_std < 0.0:
-      raise UserError(f"policy.flow_init_log_std={p.flow_init_log_std!r} must be in (-4, 0)")
+    lo = p.flow_min_log_std
+    if not _is_number(lo) or not -math.inf < lo < 0.0:
+      raise UserError(f"policy.flow_min_log_std={lo!r} must be a finite number below 0 (the log noise floor)")
+    if not _is_number(p.flow_init_log_std) or not lo < p.flow_init_log_std < 0.0:
+      raise UserError(f"policy.flow_init_log_std={p.flow_init_log_std!r} must be in ({lo:g}, 0) "
+                      f"(above policy.flow_min_log_std={lo!r})")
+    hidden = p.flow_hidden
+    if (not isinstance(hidden, (tuple, list)) or not hidden
+        or any(not isinstance(h, int) or isinstance(h, bool) or h <= 0 for h in hidden)):
+      raise UserError(f"policy.flow_hidden={hidden!r} must be positive integer layer sizes, e.g. (256, 256)")
+    k = p.flow_finetune_steps
+    if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= p.flow_steps:
+      raise UserError(f"policy.flow_finetune_steps={k!r} must be an integer in [0, policy.flow_steps={p.flow_steps}] "
+                      "(the last denoising steps fine-tuned; 0 = all)")
   if p.name == "cnn" and any(c <= 0 for c in p.channels):
     raise UserError(f"policy.channels={tuple(p.channels)} must be positive channel counts")
+  for key in ("min_std", "max_std"):
+    _non_negative(f"policy.{key}", p[key], " (the mlp / cnn action std bound; 0.0 = none)")
+  if 0 < p.max_std <= p.min_std:
+    raise UserError(f"policy.min_std={p.min_std!r} must be below policy.max_std={p.max_std!r} "
+                    "(or set either to 0.0 for no bound on that side)")
+  if not isinstance(p.detach_critic, bool):
+    raise UserError(f"policy.detach_critic={p.detach_critic!r} must be True or False")
 
 
 def _check_render_stage(cfg) -> None:
@@ -350,6 +435,9 @@ def _check_chunks(cfg, device: bool) -> None:
 def _check_placement(cfg, device: bool) -> None:
   if cfg.placement not in PLACEMENTS:
     raise UserError(f"unknown placement '{cfg.placement}'; valid: {', '.join(PLACEMENTS)}")
+  if cfg.placement == "processes" and cfg.algorithm.bc_coef > 0:
+    raise UserError(f"placement=processes with algorithm.bc_coef={cfg.algorithm.bc_coef}: the demonstration term "
+                    "runs in the learner thread only; use placement=threads or auto")
   if cfg.placement == "processes" and (cfg.scheduler != "ebrl" or device):
     raise UserError(f"placement=processes runs the learner of scheduler=ebrl on host envs in a process of its "
                     f"own; scheduler={cfg.scheduler} on '{cfg.env.name}' runs in one process (use placement=threads)")

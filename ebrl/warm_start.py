@@ -29,6 +29,7 @@ from policies.base import key_name
 Params = Any
 
 PARAMS_DIR = "params"  # save_params: <dir>/params is the Orbax item.
+BASE = "base"  # params[BASE]: frozen copies of params["net"] subtrees, under the same keys.
 META_FILE = "bc.json"
 
 
@@ -94,14 +95,24 @@ def load_params(path: str, template_params: Params) -> Params:
   except Exception as e:  # pylint: disable=broad-except  # Orbax raises many kinds.
     raise ValueError(f"cannot read warm-start params in '{item}': {_first_line(e)}") from None
   is_state = isinstance(tree, dict) and "params" in tree and "opt_state" in tree
-  check_params_match(_leaf_shapes(tree["params"] if is_state else tree), _leaf_shapes(template_params), item)
-  target = {"params": template_params} if is_state else template_params
+  saved = tree["params"] if is_state else tree
+  # A frozen copy (params["base"]: subtrees of params["net"] under the same keys, e.g. a flow policy
+  # fine-tuning its last denoising steps) that the saved params lack is copied from the loaded net.
+  fill_base = (isinstance(template_params, dict) and BASE in template_params
+               and not (isinstance(saved, dict) and BASE in saved))
+  template = {k: v for k, v in template_params.items() if k != BASE} if fill_base else template_params
+  check_params_match(_leaf_shapes(saved), _leaf_shapes(template), item)
+  target = {"params": template} if is_state else template
   try:
     out = ocp.Checkpointer(handler).restore(item, args=ocp.args.PyTreeRestore(
         item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=is_state))
   except Exception as e:  # pylint: disable=broad-except
     raise ValueError(f"cannot read warm-start params in '{item}': {_first_line(e)}") from None
-  return out["params"] if is_state else out
+  out = out["params"] if is_state else out
+  if fill_base:
+    out = {**out, BASE: {k: jax.tree.map(lambda x: x.copy(), out["net"][k]) for k in template_params[BASE]}}
+    check_params_match(_leaf_shapes(out), _leaf_shapes(template_params), item)
+  return out
 
 
 def save_params(directory: str, params: Params, meta: dict | None = None) -> str:

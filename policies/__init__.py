@@ -21,25 +21,34 @@ def instructions_for(spec: EnvSpec) -> list[str] | None:
   return task_instructions(spec.name)
 
 
+def _std_bounds(cfg) -> dict[str, float]:
+  """mlp, cnn: policy.min_std / policy.max_std (0, or absent from an older or partial cfg: no bound)."""
+  return {k: float(getattr(cfg, k, 0.0) or 0.0) for k in ("min_std", "max_std")}
+
+
 def make_policy(name: str, spec: EnvSpec, cfg) -> Policy:
   """Builds policy `name` for env `spec`; `cfg` has the policy settings it reads as attributes (a
   run's ebrl.spec.PolicySettings; the chunk size defaults to 1)."""
   k = int(getattr(cfg, "chunk_size", 1))
   if name == "mlp":
     from policies.mlp import MLPPolicy
-    return MLPPolicy(spec, hidden=tuple(cfg.hidden), init_log_std=float(cfg.init_log_std))
+    return MLPPolicy(spec, hidden=tuple(cfg.hidden), init_log_std=float(cfg.init_log_std), **_std_bounds(cfg))
   if name == "cnn":
     from policies.cnn import CNNPolicy
     return CNNPolicy(spec, channels=tuple(cfg.channels), hidden=tuple(cfg.hidden),
-                     init_log_std=float(cfg.init_log_std))
+                     init_log_std=float(cfg.init_log_std), **_std_bounds(cfg))
   if name == "vla":
     from policies.vla import VLAPolicy
     return VLAPolicy(spec, chunk_size=k, bins=int(cfg.bins), width=int(cfg.width), depth=int(cfg.depth),
-                     heads=int(cfg.heads), decode=str(cfg.decode), instructions=instructions_for(spec))
+                     heads=int(cfg.heads), decode=str(cfg.decode), instructions=instructions_for(spec),
+                     detach_critic=bool(getattr(cfg, "detach_critic", False)))
   if name == "flow":
     from policies.flow import FlowPolicy
-    return FlowPolicy(spec, chunk_size=k, steps=int(cfg.flow_steps), hidden=tuple(cfg.hidden),
+    return FlowPolicy(spec, chunk_size=k, steps=int(cfg.flow_steps),
+                      hidden=tuple(getattr(cfg, "flow_hidden", (256, 256))),
                       init_log_std=float(cfg.flow_init_log_std),
+                      min_log_std=float(getattr(cfg, "flow_min_log_std", -4.0)),
+                      finetune_steps=int(getattr(cfg, "flow_finetune_steps", 0)),
                       instructions=tuple(instructions_for(spec) or ()) if "task" in spec.obs else ())
   raise ValueError(f"unknown policy '{name}'; valid: {', '.join(POLICY_NAMES)}")
 

@@ -2,8 +2,9 @@
 
 A policy is pure functions over explicit params so the sampler and the learner
 can jit them separately and exchange params by version:
-`sample(params, obs, key) -> (action, logp, value, extras)` and
-`evaluate(params, obs, action) -> (logp, entropy, value)`.
+`sample(params, obs, key) -> (action, logp, value, extras)`,
+`evaluate(params, obs, action) -> (logp, entropy, value)` and
+`mean_action(params, obs) -> action`, the deterministic action evaluation acts with.
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ class Policy(Protocol):
     ...
 
   def evaluate(self, params: Params, obs: Obs, action: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    ...
+
+  def mean_action(self, params: Params, obs: Obs) -> jax.Array:
+    """The policy's deterministic action, raw [B, action_size] as `sample`'s (the env gets the first
+    action_dim entries): a Gaussian's mean, a token policy's most likely tokens (greedy decoding), a
+    flow policy's noise-free chain. Evaluation with actions="mean" acts with it."""
     ...
 
   def update_normalizer(self, params: Params, obs: Obs, weight: jax.Array) -> Params:
@@ -81,6 +88,27 @@ def state_value(policy, params: Params, obs: Obs, width: int) -> jax.Array:
   does not depend on it). The sampler's bootstrap values and the device rollout's use this."""
   n = next(iter(obs.values())).shape[0]
   return policy.evaluate(params, obs, jnp.zeros((n, width)))[2]
+
+
+class MeanActing:
+  """`policy` acting with its mean action: `sample` returns `policy.mean_action` (the key unused),
+  with zero log-probs and zero values (nothing learns from these steps; the critic is still
+  `evaluate`'s, delegated like every other attribute). Evaluation with actions="mean" acts through
+  it on host (the Sampler) and device (the shared unroll) envs alike."""
+
+  def __init__(self, policy):
+    self.policy = policy
+
+  def __getattr__(self, name: str):  # Only for names the wrapper lacks.
+    if name == "policy":
+      raise AttributeError(name)
+    return getattr(self.policy, name)
+
+  def sample(self, params: Params, obs: Obs, key: jax.Array):
+    del key
+    action = self.policy.mean_action(params, obs)
+    zeros = jnp.zeros(action.shape[:-1], jnp.float32)
+    return action, zeros, zeros, {}
 
 
 def check_chunk(spec: EnvSpec, chunk_size: int) -> None:

@@ -13,7 +13,8 @@ success 0.65 after 150k env steps with the projection, 0.09 without). The
 feature is concatenated with the normalised non-pixel inputs ("state", then
 "task" when present) and feeds actor and critic heads exactly as
 in policies/mlp.py: separate tanh MLPs with orthogonal initialisation and a
-learned state-independent log std. The encoder is shared by actor and critic.
+learned state-independent log std (bounded by `min_std` / `max_std` when set, as in
+policies/mlp.py). The encoder is shared by actor and critic.
 Observation statistics for the non-pixel inputs live in params["obs_norm"];
 with no non-pixel inputs the stats have dimension 1 and are never updated.
 """
@@ -30,7 +31,7 @@ import numpy as np
 
 from ebrl import normalizer
 from policies.base import FlatInputs, Obs, Params, check_compatible, vector_inputs
-from policies.mlp import GaussianActing, _Torso
+from policies.mlp import GaussianActing, _Torso, bound_log_std
 from sim_adapters.base import EnvSpec
 
 _KERNELS = ((8, 4), (4, 2))  # (kernel, stride) of the first layers; later layers use (3, 1).
@@ -89,6 +90,8 @@ class CNNPolicy(FlatInputs, GaussianActing):
   channels: tuple[int, ...] = (16, 32, 32)
   hidden: tuple[int, ...] = (64,)
   init_log_std: float = -0.5
+  min_std: float = 0.0  # Bounds of the action std (0: none), as in policies/mlp.py.
+  max_std: float = 0.0
   name: str = "cnn"
 
   def __post_init__(self):
@@ -133,6 +136,7 @@ class CNNPolicy(FlatInputs, GaussianActing):
     if vector is not None:
       vector = normalizer.normalize(params["obs_norm"], vector).reshape(flat_pixels.shape[0], -1)
     mean, log_std, value = self._net.apply({"params": params["net"]}, flat_pixels, vector)
+    log_std = bound_log_std(log_std, self.min_std, self.max_std)
     return mean.reshape(lead + mean.shape[-1:]), log_std, value.reshape(lead)
 
   def update_normalizer(self, params: Params, obs: Obs, weight: jax.Array) -> Params:

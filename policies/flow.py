@@ -23,7 +23,19 @@ joint entropy is exact and independent of v: H(N(0, I)) + sum_k H(N(0, sigma_k^2
 alone, and its gradient only pushes up the noise scales: a sensible bonus.
 
 sigma_k is per step and per dim, log sigma = lo + (hi - lo) * sigmoid(raw): bounded
-without the dead gradients of a hard clip.
+without the dead gradients of a hard clip (lo, `policy.flow_min_log_std`, is the noise floor
+fine-tuning keeps).
+
+`mean_action` runs the same chain from x_0 = 0 with no noise: the deterministic chunk, in the raw
+layout of `sample`.
+
+Fine-tuning only the last K denoising steps (DPPO; `policy.flow_finetune_steps` = K, 0 = all):
+the first S - K steps use a frozen copy of the velocity net, params["base"]["vel"] (outside
+params["net"], which is all an optimiser trains), and their noise scales are held by
+stop_gradient; the last K use params["net"]. `sample`, `mean_action` and `evaluate` split the
+chain the same way, so log-probs stay exact and only the last K steps get gradients.
+params["base"] holds copies of params["net"] subtrees under the same keys: a warm start whose
+params have no "base" (a launch.sft run) gets it copied from the loaded net (ebrl/warm_start.py).
 """
 
 from __future__ import annotations
@@ -108,6 +120,9 @@ class FlowPolicy(FlatInputs):
   init_log_std: float = -1.0
   min_log_std: float = -4.0
   max_log_std: float = 0.0
+  # K: only the last K of the `steps` denoising steps use (and train) params["net"]'s velocity; the
+  # first steps - K use the frozen params["base"] copy. 0 (or `steps`): every step is trained.
+  finetune_steps: int = 0
   # One instruction per task id (a multi-task env): the expert is conditioned on its words as a bag of
   # words beside the state, so the first layer learns a word embedding per vocabulary entry.
   instructions: tuple[str, ...] = ()
@@ -124,6 +139,8 @@ class FlowPolicy(FlatInputs):
       raise ValueError(f"steps must be >= 1, got {self.steps}")
     if not self.min_log_std < self.init_log_std < self.max_log_std:
       raise ValueError("need min_log_std < init_log_std < max_log_std")
+    if not 0 <= self.finetune_steps <= self.steps:
+      raise ValueError(f"finetune_steps={self.finetune_steps} must be in [0, steps={self.steps}]")
 
   # --- shapes -----------------------------------------------------------------
 
@@ -137,6 +154,12 @@ class FlowPolicy(FlatInputs):
   def step_action_dim(self) -> int:
     """A, the dims of one action in the chunk."""
     return self.spec.action_dim // self.chunk_size
+
+  @property
+  def frozen_steps(self) -> int:
+    """The first denoising steps that use the frozen params["base"] velocity (0: none, no "base")."""
+    k = self.finetune_steps
+    return self.steps - k if 0 < k < self.steps else 0
 
   @property
   def action_size(self) -> int:
@@ -183,13 +206,33 @@ class FlowPolicy(FlatInputs):
     return jnp.concatenate([x, jnp.asarray(words)[jnp.argmax(obs["task"], axis=-1)]], axis=-1)
 
   def velocity(self, params: Params, obs_x: jax.Array, x: jax.Array, t: jax.Array) -> jax.Array:
-    """v(x, t | obs) for normalised obs_x [B, I], chain states x [B, D], times t [B]."""
+    """v(x, t | obs) of params["net"] for normalised obs_x [B, I], chain states x [B, D], times t [B]."""
     return self._net.apply({"params": params["net"]}, obs_x, x, t, method=_FlowNet.velocity)
 
+  def _velocity_of(self, vel: Params, obs_x: jax.Array, x: jax.Array, t: jax.Array) -> jax.Array:
+    """v(x, t | obs) of velocity-net params `vel` (params["net"]["vel"] or params["base"]["vel"])."""
+    net = _MLP(tuple(self.hidden), self.chunk_dim, 0.01, act="silu")  # _FlowNet.vel, applied alone.
+    return net.apply({"params": vel}, jnp.concatenate([obs_x, x, time_embedding(t, self.time_dim)], axis=-1))
+
+  def base_velocity(self, params: Params, obs_x: jax.Array, x: jax.Array, t: jax.Array) -> jax.Array:
+    """v(x, t | obs) of the frozen copy the first `frozen_steps` steps use."""
+    return self._velocity_of(params["base"]["vel"], obs_x, x, t)
+
+  def sync_base(self, params: Params) -> Params:
+    """params whose frozen copy is (a copy of) params["net"]'s velocity net; as they are without one."""
+    if not self.frozen_steps:
+      return params
+    return {**params, "base": {"vel": jax.tree.map(jnp.array, params["net"]["vel"])}}
+
   def noise_log_std(self, params: Params) -> jax.Array:
-    """log sigma_k per step and dim, [S, D], bounded to [min_log_std, max_log_std]."""
+    """log sigma_k per step and dim, [S, D], bounded to [min_log_std, max_log_std]; the frozen steps'
+    rows carry no gradient."""
     raw = params["net"]["noise_raw"]
-    return self.min_log_std + (self.max_log_std - self.min_log_std) * jax.nn.sigmoid(raw)
+    log_std = self.min_log_std + (self.max_log_std - self.min_log_std) * jax.nn.sigmoid(raw)
+    f = self.frozen_steps
+    if f:
+      log_std = jnp.concatenate([jax.lax.stop_gradient(log_std[:f]), log_std[f:]], axis=0)
+    return log_std
 
   def value(self, params: Params, obs: Obs) -> jax.Array:
     """Critic alone: what a bootstrap needs without a chain to evaluate."""
@@ -202,7 +245,39 @@ class FlowPolicy(FlatInputs):
   def init(self, key: jax.Array) -> Params:
     d = self.chunk_dim
     net = self._net.init(key, jnp.zeros((1, self.cond_dim)), jnp.zeros((1, d)), jnp.zeros((1,)))["params"]
-    return {"net": net, "obs_norm": normalizer.init_stats(self.input_dim)}
+    return self.sync_base({"net": net, "obs_norm": normalizer.init_stats(self.input_dim)})
+
+  def _chain(self, params: Params, obs_x: jax.Array, x0: jax.Array, eps: jax.Array) -> jax.Array:
+    """The raw action [B, action_size] of the chain from x0 [B, D] with standard noise eps [S, B, D]:
+    the frozen steps on params["base"]'s velocity, the rest on params["net"]'s."""
+    b, d, s, f = x0.shape[0], self.chunk_dim, self.steps, self.frozen_steps
+    log_std = self.noise_log_std(params)
+
+    def segment(x, vel, first, last):
+      def step(x, inp):
+        k, e = inp
+        t = jnp.full((b,), k / s, jnp.float32)
+        return x + self._velocity_of(vel, obs_x, x, t) / s + jnp.exp(log_std[k]) * e, x
+      return jax.lax.scan(step, x, (jnp.arange(first, last), eps[first:last]))
+
+    parts = []
+    x = x0
+    if f:
+      x, xs = segment(x, params["base"]["vel"], 0, f)
+      parts.append(xs)
+    x, xs = segment(x, params["net"]["vel"], f, s)
+    xs = jnp.concatenate(parts + [xs], axis=0)  # [S, B, D] = x_0..x_{S-1}
+    center, half = self._affine
+    chunk = center + half * x
+    action = jnp.concatenate([chunk, jnp.moveaxis(xs, 0, 1).reshape(b, s * d)], axis=-1)
+    chex.assert_shape(action, (b, self.action_size))
+    return action
+
+  def mean_action(self, params: Params, obs: Obs) -> jax.Array:
+    """The deterministic chain: from x_0 = 0, no noise injected; raw layout as `sample`'s [B, action_size]."""
+    obs_x = self.normalized_obs(params, obs)
+    b, d = obs_x.shape[0], self.chunk_dim
+    return self._chain(params, obs_x, jnp.zeros((b, d)), jnp.zeros((self.steps, b, d)))
 
   def sample(self, params: Params, obs: Obs, key: jax.Array):
     obs_x = self.normalized_obs(params, obs)
@@ -211,17 +286,7 @@ class FlowPolicy(FlatInputs):
     k0, kn = jax.random.split(key)
     x0 = jax.random.normal(k0, (b, d))
     eps = jax.random.normal(kn, (s, b, d))
-
-    def step(x, inp):
-      k, e = inp
-      t = jnp.full((b,), k / s, jnp.float32)
-      x_next = x + self.velocity(params, obs_x, x, t) / s + jnp.exp(log_std[k]) * e
-      return x_next, x
-
-    x_final, xs = jax.lax.scan(step, x0, (jnp.arange(s), eps))  # xs: [S, B, D] = x_0..x_{S-1}
-    center, half = self._affine
-    chunk = center + half * x_final
-    action = jnp.concatenate([chunk, jnp.moveaxis(xs, 0, 1).reshape(b, s * d)], axis=-1)
+    action = self._chain(params, obs_x, x0, eps)
     logp = (_std_normal_logp(x0) + jnp.sum(-0.5 * jnp.square(eps) - log_std[:, None] - _HALF_LOG_2PI, (0, 2))
             - self._log_det())
     value = self._net.apply({"params": params["net"]}, obs_x, method=_FlowNet.value)
@@ -246,7 +311,16 @@ class FlowPolicy(FlatInputs):
     targets = jnp.concatenate([xs[:, 1:], x_final[:, None]], axis=1)  # x_1..x_S
     t = jnp.broadcast_to(jnp.arange(s, dtype=jnp.float32) / s, (b, s))
     obs_rep = jnp.broadcast_to(obs_x[:, None], (b, s, obs_x.shape[-1]))
-    v = self.velocity(params, obs_rep.reshape(b * s, -1), xs.reshape(b * s, d), t.reshape(b * s)).reshape(b, s, d)
+
+    def vel(vel_params, lo, hi):  # The steps lo..hi-1 of every row, on one velocity net.
+      n = hi - lo
+      return self._velocity_of(vel_params, obs_rep[:, lo:hi].reshape(b * n, -1), xs[:, lo:hi].reshape(b * n, d),
+                               t[:, lo:hi].reshape(b * n)).reshape(b, n, d)
+
+    f = self.frozen_steps
+    v = vel(params["net"]["vel"], f, s)
+    if f:
+      v = jnp.concatenate([vel(params["base"]["vel"], 0, f), v], axis=1)
     log_std = self.noise_log_std(params)
     step_logp = gaussian_logp(targets, xs + v / s, jnp.broadcast_to(log_std, (b, s, d)))  # [B, S]
     logp = _std_normal_logp(xs[:, 0]) + step_logp.sum(-1) - self._log_det()

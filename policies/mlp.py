@@ -2,8 +2,11 @@
 
 Actor and critic are separate tanh MLPs with orthogonal initialisation (the
 settings that make PPO on MuJoCo reliable); the action std is a learned,
-state-independent parameter. Actions are unbounded Gaussian samples; the
-sampler clips them to the env's bounds, and log-probs are of the raw sample.
+state-independent parameter, optionally bounded (`min_std`, `max_std`: log_std is
+clipped to [log min_std, log max_std] in the forward pass, so a fine-tuned policy's
+exploration neither collapses nor blows up; 0 leaves that side unbounded). Actions
+are unbounded Gaussian samples; the sampler clips them to the env's bounds, and
+log-probs are of the raw sample. `mean_action` is the Gaussian's mean.
 Observation statistics live in params["obs_norm"] (see ebrl/normalizer.py).
 """
 
@@ -58,8 +61,19 @@ def gaussian_entropy(log_std: jax.Array, batch_shape: tuple[int, ...]) -> jax.Ar
   return jnp.broadcast_to(jnp.sum(log_std + 0.5 * (1.0 + _LOG_2PI)), batch_shape)
 
 
+def bound_log_std(log_std: jax.Array, min_std: float, max_std: float) -> jax.Array:
+  """log_std clipped to [log min_std, log max_std]; a bound of 0 (or less) is none."""
+  lo = float(np.log(min_std)) if min_std > 0 else None
+  hi = float(np.log(max_std)) if max_std > 0 else None
+  return log_std if lo is None and hi is None else jnp.clip(log_std, lo, hi)
+
+
 class GaussianActing:
-  """sample / evaluate of a policy whose `_forward(params, obs)` gives (mean, log_std, value)."""
+  """sample / evaluate / mean_action of a policy whose `_forward(params, obs)` gives (mean, log_std, value)."""
+
+  def mean_action(self, params: Params, obs: Obs) -> jax.Array:
+    """The Gaussian's mean: the deterministic action (evaluation with actions="mean")."""
+    return self._forward(params, obs)[0]
 
   def sample(self, params: Params, obs: Obs, key: jax.Array):
     mean, log_std, value = self._forward(params, obs)
@@ -76,12 +90,12 @@ class MLPPolicy(FlatInputs, GaussianActing):
   spec: EnvSpec
   hidden: tuple[int, ...] = (64, 64)
   init_log_std: float = -0.5
+  min_std: float = 0.0  # Bounds of the action std (0: none); see the module docstring.
+  max_std: float = 0.0
   name: str = "mlp"
 
   def __post_init__(self):
     check_compatible(self.name, ("state",), self.spec)
-
-
 
   @property
   def _net(self) -> _ActorCritic:
@@ -96,7 +110,8 @@ class MLPPolicy(FlatInputs, GaussianActing):
 
   def _forward(self, params: Params, obs: Obs):
     x = normalizer.normalize(params["obs_norm"], self._inputs(obs))
-    return self._net.apply({"params": params["net"]}, x)
+    mean, log_std, value = self._net.apply({"params": params["net"]}, x)
+    return mean, bound_log_std(log_std, self.min_std, self.max_std), value
 
   def update_normalizer(self, params: Params, obs: Obs, weight: jax.Array) -> Params:
     stats = normalizer.update_stats(params["obs_norm"], self._inputs(obs), weight)

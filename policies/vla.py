@@ -16,6 +16,11 @@ Why this shape (OpenVLA / OpenVLA-OFT, scaled down for RL from scratch):
   decode="autoregressive": action query i also receives the embedding of
   token i-1 and attends causally over the action queries, so sampling is
   sequential (a scan over K*A tokens) and `evaluate` uses teacher forcing.
+* `mean_action` decodes greedily: the most likely token of each dimension (parallel), or of
+  each step in turn (autoregressive), mapped back to bin centres by the action tokenizer.
+* detach_critic=True: the value head reads the [CLS] feature through a stop_gradient, so
+  the value loss trains the value head only and never moves the trunk the actor shares
+  (the RLinf / piRL recipe for fine-tuning a pre-trained VLA).
 Observation statistics for "state" live in params["obs_norm"] (ebrl/normalizer.py).
 """
 
@@ -86,6 +91,7 @@ class _VLANet(nn.Module):
   patch: int
   autoregressive: bool
   init_temperature: float
+  detach_critic: bool = False
 
   @nn.compact
   def __call__(self, state, instr, pixels, prev_tokens):
@@ -132,7 +138,8 @@ class _VLANet(nn.Module):
     logits = nn.Dense(self.bins, name="action_head",
                       kernel_init=nn.initializers.variance_scaling(0.01, "fan_in", "truncated_normal"),
                       bias_init=_centred_bias(self.init_temperature))(x[:, ctx:])
-    value = nn.Dense(1, name="value_head", kernel_init=nn.initializers.orthogonal(1.0))(x[:, 0])[:, 0]
+    cls = jax.lax.stop_gradient(x[:, 0]) if self.detach_critic else x[:, 0]  # The value loss stays off the trunk.
+    value = nn.Dense(1, name="value_head", kernel_init=nn.initializers.orthogonal(1.0))(cls)[:, 0]
     return logits, value
 
 
@@ -155,6 +162,7 @@ class VLAPolicy:
   decode: str = "parallel"
   instructions: Sequence[str] | None = None
   init_temperature: float = 1.0
+  detach_critic: bool = False  # The value head reads stop_gradient of the trunk's [CLS] feature.
   state_chunk: int = 8  # State dims per proprio token.
   patch_size: int = 8  # Image patch side, pixels.
   name: str = "vla"
@@ -235,7 +243,8 @@ class VLAPolicy:
     vocab = 0 if table is None else (self.instruction_tokenizer.vocab_size if self.instructions is not None
                                      else int(table.max()) + 1)
     return _VLANet(self.width, self.depth, self.heads, self.bins, self.num_tokens, self._state_tokens, vocab,
-                   self._patch, self.decode == "autoregressive", float(self.init_temperature))
+                   self._patch, self.decode == "autoregressive", float(self.init_temperature),
+                   bool(self.detach_critic))
 
   # -- inputs ------------------------------------------------------------------
 
@@ -312,6 +321,29 @@ class VLAPolicy:
     action = self.action_tokenizer.to_values(tokens)
     re = lambda x: x.reshape(lead + x.shape[1:])
     return re(action), re(token_logp.sum(-1)), re(value), {"tokens": re(tokens)}
+
+  def mean_action(self, params: Params, obs: Obs) -> jax.Array:
+    """The most likely action [..., K*A]: each token's argmax (parallel), or greedy decoding token by
+    token (autoregressive), as bin centres."""
+    return self.action_tokenizer.to_values(self.greedy_tokens(params, obs))
+
+  def greedy_tokens(self, params: Params, obs: Obs) -> jax.Array:
+    """int32 [..., K*A]: the argmax token of each dimension; autoregressive decoding picks each
+    step's argmax given the tokens picked before it."""
+    lead, flat = self._flatten(obs)
+    b, n = self._batch(flat), self.num_tokens
+    if self.decode == "parallel":
+      logp_all, _ = self._log_softmax(params, flat, jnp.zeros((b, n), jnp.int32))
+      tokens = jnp.argmax(logp_all, axis=-1).astype(jnp.int32)
+    else:
+      def step(tokens, i):
+        logp_all, _ = self._log_softmax(params, flat, tokens)
+        tok = jnp.argmax(jax.lax.dynamic_index_in_dim(logp_all, i, axis=1, keepdims=False), axis=-1)
+        return jax.lax.dynamic_update_index_in_dim(tokens, tok.astype(jnp.int32), i, axis=1), None
+
+      tokens, _ = jax.lax.scan(step, jnp.zeros((b, n), jnp.int32), jnp.arange(n))
+    chex.assert_shape(tokens, (b, n))
+    return tokens.reshape(lead + tokens.shape[1:])
 
   def log_probs(self, params: Params, obs: Obs, action: jax.Array, level: str = "chunk") -> jax.Array:
     """Log-prob of `action` [..., K*A] per token [..., K*A], per action [..., K] or per chunk [...]."""

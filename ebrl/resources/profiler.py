@@ -538,6 +538,13 @@ def measure_assemble(spec, num_envs: int, horizon: int, batches: list[int], seco
   return out
 
 
+def _placeholder_demos(spec, n: int) -> dict:
+  """Zero demo rows shaped as the env's: the demonstration term costs the same on any values, so the
+  update is timed with it without reading the run's demos."""
+  return {"obs": {k: np.zeros((n,) + tuple(v.shape), v.dtype) for k, v in spec.obs.items()},
+          "actions": np.zeros((n, spec.action_dim), np.float32), "mask": np.ones((n, spec.action_dim), np.float32)}
+
+
 def _pow2_upto(n: int) -> list[int]:
   top = 1 << max(0, (n - 1).bit_length())
   return [1 << k for k in range(top.bit_length()) if (1 << k) <= top]
@@ -584,7 +591,8 @@ def measure(run: RunSpec, inventory: Inventory, *, policy=None, spec=None, full:
     probe.close()
   policy = policy or make_policy(run.policy.name, spec, run.policy)
   layout = run.layout
-  learner = Learner(policy, LearnerConfig.of(run.algorithm, layout, run.max_staleness))
+  learner = Learner(policy, LearnerConfig.of(run.algorithm, layout, run.max_staleness),
+                    demos=_placeholder_demos(spec, run.algorithm.bc_batch_size) if run.algorithm.bc_coef > 0 else None)
   store = ParamStore()
   store.publish(learner.init(jax.random.PRNGKey(0)))
   sampler = Sampler(policy, spec, store, seed=0)

@@ -4,9 +4,14 @@ episodes, TensorBoard curves, a progress bar, and params `--config.warm_start` l
 Why evaluate in episodes: a falling loss says the expert's actions are imitated on the demos'
 states, not that the policy succeeds from states it has not seen; the held-out envs are seeded
 apart from the recording, so their initial states are not the demos'.
-Why `log_std` stays frozen by default: on near-deterministic demos the Gaussian likelihood is
-maximised by a std shrinking towards 0, which would leave RL no exploration (and the loss
-unbounded below); the mean is what pre-training is for.
+Why `log_std` stays frozen during the gradient steps by default: on near-deterministic demos the
+Gaussian likelihood is maximised by a std shrinking towards 0 (and the loss unbounded below), and
+the mean's gradient is scaled by 1 / std^2; the std is set afterwards, in closed form, from the
+fitted mean's residuals (ebrl/sft/data.py fit_action_std, within policy.min_std / max_std).
+
+Early stopping (`early_stop`): the params of the best held-out evaluation are kept (a tie keeps the
+later one), and training stops once held-out success is 1.0 or has not improved for `patience`
+evaluations in a row.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import numpy as np
 import optax
 import tqdm
 
-from ebrl.sft.losses import loss_for
+from ebrl.algorithms.imitation import loss_for
 from policies.base import key_name
 
 Params = Any
@@ -29,13 +34,21 @@ Params = Any
 
 @dataclasses.dataclass(frozen=True)
 class SFTConfig:
-  steps: int = 2000
+  steps: int = 10000
   batch_size: int = 256
   learning_rate: float = 3e-4
   max_grad_norm: float = 1.0
   eval_every: int = 0  # Steps between held-out evaluations; 0: only at the end.
   log_every: int = 50  # Steps between loss rows (metrics.jsonl, TensorBoard).
   frozen: tuple[str, ...] = ("log_std",)  # Leaves of params["net"] whose path names one of these stay as they are.
+  early_stop: bool = False  # Keep the best held-out evaluation's params; stop at success 1.0 or after `patience`.
+  patience: int = 5  # Evaluations in a row without improvement before an early stop.
+
+
+def eval_score(result: dict) -> float:
+  """What early stopping compares: held-out success (the return on envs without a success signal)."""
+  sr = result.get("success_rate")
+  return float(sr if sr is not None else result.get("episode_return", float("-inf")))
 
 
 def optimizer_for(net: Params, cfg: SFTConfig) -> optax.GradientTransformation:
@@ -68,8 +81,10 @@ def train(policy, params: Params, data: Iterator[dict], cfg: SFTConfig, key: jax
           progress: bool = True) -> tuple[Params, dict]:
   """Trains params["net"] on `data` for cfg.steps steps; returns (params, history).
 
-  history: "loss" (every step's minibatch loss), "evals" ([{step, ...evaluate's result}]).
-  `write(row)` gets a row every cfg.log_every steps and after every evaluation.
+  history: "loss" (every step's minibatch loss, of the steps run), "evals" ([{step, ...evaluate's
+  result}]), "steps_run", "kept_step" (the step whose params are returned: the last, or with
+  cfg.early_stop the best evaluation's). `write(row)` gets a row every cfg.log_every steps and after
+  every evaluation.
   """
   optimizer = optimizer_for(params["net"], cfg)
   step_fn = make_step(policy, optimizer)
@@ -79,16 +94,36 @@ def train(policy, params: Params, data: Iterator[dict], cfg: SFTConfig, key: jax
   losses, evals, start = np.zeros(cfg.steps, np.float32), [], time.time()
   keys = None
   bar = tqdm.tqdm(total=cfg.steps, desc="sft", unit="step", disable=not progress, dynamic_ncols=True)
+  best = {"score": float("-inf"), "net": None, "step": None, "stale": 0}
 
-  def run_eval(step: int) -> None:
+  def run_eval(step: int) -> bool:
+    """Evaluates; with early stopping keeps the best params and says whether to stop."""
     result = evaluate({**rest, "net": net})
     evals.append({"step": step, **result})
     if write is not None:
       write({"step": step, "wall_s": time.time() - start,
-             **{f"eval_{k}": v for k, v in result.items() if k != "episodes"}})
+             **{f"eval_{k}": v for k, v in result.items() if k != "episodes" and not isinstance(v, str)}})
     bar.set_postfix(loss=f"{losses[step - 1]:.4f}", held_out=_fmt(result.get("success_rate")))
+    if not cfg.early_stop:
+      return False
+    score = eval_score(result)
+    best["stale"] = 0 if score > best["score"] else best["stale"] + 1
+    if score >= best["score"]:  # A tie keeps the later params.
+      best.update(score=score, net=jax.tree.map(jnp.array, net), step=step)  # A copy: `net` is donated.
+    return score >= 1.0 and result.get("success_rate") is not None or best["stale"] >= cfg.patience
 
-  pending = []  # This log interval's losses, still on the device: one sync per interval.
+  pending = []  # Losses still on the device: one sync per log interval (or evaluation).
+  sync = {"synced": 0, "logged": 0}  # Steps whose losses are in `losses`; steps already in a row.
+
+  def flush() -> None:
+    nonlocal pending
+    if pending:
+      n = sync["synced"]
+      losses[n:n + len(pending)] = np.asarray(jax.device_get(pending), np.float32)
+      sync["synced"] += len(pending)
+      pending = []
+
+  step = 0
   try:
     for i in range(cfg.steps):
       if i % 256 == 0:
@@ -100,20 +135,26 @@ def train(policy, params: Params, data: Iterator[dict], cfg: SFTConfig, key: jax
       pending.append(loss)
       step = i + 1
       if step % cfg.log_every == 0 or step == cfg.steps:
-        losses[step - len(pending):step] = np.asarray(jax.device_get(pending), np.float32)
-        row = {"step": step, "loss": float(np.mean(losses[step - len(pending):step])),
+        flush()
+        row = {"step": step, "loss": float(np.mean(losses[sync["logged"]:step])),
                "learning_rate": cfg.learning_rate, "wall_s": time.time() - start}
-        pending = []
+        sync["logged"] = step
         if write is not None:
           write(row)
         bar.set_postfix(loss=f"{row['loss']:.4f}",
                         held_out=_fmt(evals[-1].get("success_rate")) if evals else "-")
       bar.update(1)
       if evaluate is not None and (step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0)):
-        run_eval(step)
+        flush()
+        if run_eval(step):
+          break
   finally:
     bar.close()
-  return {**rest, "net": net}, {"loss": losses, "evals": evals}
+  flush()
+  history = {"loss": losses[:step], "evals": evals, "steps_run": step, "kept_step": step}
+  if cfg.early_stop and best["net"] is not None:
+    net, history["kept_step"] = best["net"], best["step"]
+  return {**rest, "net": net}, history
 
 
 def _fmt(x) -> str:

@@ -16,7 +16,7 @@ import pytest
 from ebrl.demos import FORMAT, FORMAT_VERSION, MANIFEST, open_demos
 from ebrl.demos import format as fmt
 from ebrl.sft import data as data_lib
-from ebrl.sft import losses
+from ebrl.algorithms import imitation as losses
 from ebrl.sft.train import SFTConfig, train
 from ebrl.validation import resolve
 from sim_adapters.base import EnvSpec, ObsSpec
@@ -181,10 +181,14 @@ def _episode(rng, task: int, length: int, index: int, w: np.ndarray) -> dict:
 
 
 def write_demos(directory, episodes: int = 8, length: int = 12, state_dim: int = STATE, version=FORMAT_VERSION,
-                env="MetaWorld/MT:Reach-v3,Push-v3", pixels: bool = False):
+                env="MetaWorld/MT:Reach-v3,Push-v3", pixels: bool = False, edit=None):
+  """A demo directory; `edit(rng, episode)` may change each episode record before it is written."""
   rng = np.random.default_rng(0)
   w = rng.normal(0, 0.7, (STATE, A)).astype(np.float32)
   eps = [_episode(rng, i % TASKS, length, i // TASKS, w) for i in range(episodes)]
+  if edit is not None:
+    for e in eps:
+      edit(rng, e)
   if state_dim != STATE:
     for e in eps:
       e["obs"]["state"] = np.zeros((length, state_dim), np.float32)
@@ -214,6 +218,116 @@ def test_batches_are_fixed_size_seeded_and_chunked(tmp_path):
   np.testing.assert_array_equal(np.concatenate([x["actions"] for x in a]), np.concatenate([x["actions"] for x in b]))
   first = [r for x in a[:4] for r in x["mask"]]  # The first 80 rows are 80 of the 96 steps, drawn once each.
   assert sum(not m[A:].any() for m in first) <= 8  # At most the 8 episodes' last steps are cut chunks.
+
+
+# ----------------------------------------------------------------------------- std and observation statistics
+
+
+NOISE = np.array([0.05, 0.4], np.float32)  # The linear expert's per-dim noise std.
+
+
+def _linear_expert(rng, e):
+  """actions = W s + noise of a known per-dim std (W fixed by its seed)."""
+  w = np.random.default_rng(7).normal(0, 0.3, (STATE, A)).astype(np.float32)
+  e["actions"] = (e["obs"]["state"] @ w + rng.normal(size=e["actions"].shape) * NOISE).astype(np.float32)
+  e["expert_actions"] = e["actions"]
+
+
+@pytest.mark.parametrize("chunk", [1, 2])
+def test_closed_form_std_is_the_residual_rms_clipped(tmp_path, chunk):
+  demos = open_demos(str(write_demos(tmp_path, episodes=6, length=9, edit=_linear_expert)))
+  policy = make("mlp", chunk)
+  params = data_lib.fit_normalizer(policy, policy.init(jax.random.key(0)), demos)
+  # The mean of a briefly trained net (any fitted mean will do: the std is the ML one given it).
+  cfg = SFTConfig(steps=20, batch_size=16, learning_rate=1e-2, log_every=10)
+  params, _ = train(policy, params, data_lib.batches(demos, chunk, 16), cfg, jax.random.key(1), progress=False)
+  # Independently in NumPy: every row's chunk, the mean from the net's weights, the masked residual RMS.
+  sq, n = np.zeros(A * chunk), np.zeros(A * chunk)
+  for e in demos.episodes():
+    chunks, mask = data_lib.chunk_actions(np.asarray(e.actions, np.float64), chunk)
+    x = np_normalize(params["obs_norm"], np.concatenate([e.obs["state"], e.obs["task"]], -1).astype(np.float64))
+    mean = np_torso(jax.tree.map(lambda v: np.asarray(v, np.float64), params["net"]["actor"]), x)
+    sq += (mask * (chunks - mean) ** 2).sum(0)
+    n += mask.sum(0)
+  want = np.sqrt(sq / n)
+  # Batches of 7 over buffers of 20 rows: padding and several buffers take part.
+  fitted_params, std = data_lib.fit_action_std(policy, params, demos, chunk, batch_size=7, buffer_steps=20)
+  np.testing.assert_allclose(std, want, rtol=1e-5)
+  np.testing.assert_allclose(np.exp(np.asarray(fitted_params["net"]["log_std"], np.float64)), want, rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(fitted_params["net"]["actor"]), jax.tree.leaves(params["net"]["actor"])):
+    np.testing.assert_array_equal(a, b)  # Only the std moves.
+  lo, hi = float(np.sort(want)[0]) * 1.5, float(np.sort(want)[-1]) * 0.9
+  _, clipped = data_lib.fit_action_std(policy, params, demos, chunk, min_std=lo, max_std=hi)
+  np.testing.assert_allclose(clipped, np.clip(want, lo, hi), rtol=1e-5)
+  assert clipped.min() == pytest.approx(lo) and clipped.max() == pytest.approx(hi)
+
+
+def test_observation_variance_is_clamped_at_obs_min_std(tmp_path):
+  def constant_dims(rng, e):
+    e["obs"]["state"][:, 0] = 3.0  # Constant in the demos.
+    e["obs"]["state"][:, 1] = 1.0 + 1e-4 * rng.normal(size=len(e["actions"]))  # Nearly constant.
+  demos = open_demos(str(write_demos(tmp_path, edit=constant_dims)))
+  policy = make("mlp")
+  state = np.concatenate([e.obs["state"] for e in demos.episodes()]).astype(np.float64)
+  stats = data_lib.fit_normalizer(policy, policy.init(jax.random.key(0)), demos, min_std=0.05)["obs_norm"]
+  var = np.asarray(stats.var)
+  np.testing.assert_allclose(var[:2], [0.05**2, 0.05**2], rtol=1e-6)
+  np.testing.assert_allclose(var[2:STATE], state[:, 2:].var(0), rtol=1e-4)
+  np.testing.assert_allclose(np.asarray(stats.mean)[:STATE], state.mean(0), atol=1e-5)
+  with pytest.raises(ValueError, match="must be positive"):
+    data_lib.fit_normalizer(policy, policy.init(jax.random.key(0)), demos, min_std=0.0)
+
+
+# ----------------------------------------------------------------------------- early stopping
+
+
+def test_early_stop_keeps_the_best_evaluation_ties_the_later(tmp_path):
+  demos = open_demos(str(write_demos(tmp_path)))
+  policy = make("mlp")
+  params = data_lib.fit_normalizer(policy, policy.init(jax.random.key(0)), demos)
+  script, seen = [0.2, 0.5, 0.5, 0.3, 0.9, 0.9], {}
+
+  def evaluate(p):
+    step = 5 * (len(seen) + 1)
+    seen[step] = jax.tree.map(np.array, p["net"])
+    return {"success_rate": script[len(seen) - 1], "episodes": 2}
+
+  cfg = SFTConfig(steps=30, batch_size=16, learning_rate=3e-3, log_every=30, eval_every=5, early_stop=True,
+                  patience=2)
+  out, history = train(policy, params, data_lib.batches(demos, 1, 16), cfg, jax.random.key(1), evaluate=evaluate,
+                       progress=False)
+  # 0.5 at step 10; the tie at 15 is kept (the later) but is no improvement, nor is 0.3 at 20: patience 2 ends it.
+  assert [e["step"] for e in history["evals"]] == [5, 10, 15, 20]
+  assert history["kept_step"] == 15 and history["steps_run"] == 20 and len(history["loss"]) == 20
+  assert np.all(history["loss"] > 0)  # Every step's loss was synced, though 20 ends no log interval of 30.
+  for a, b in zip(jax.tree.leaves(out["net"]), jax.tree.leaves(seen[15])):
+    np.testing.assert_array_equal(a, b)
+  assert not np.array_equal(seen[15]["actor"]["Dense_0"]["kernel"], seen[20]["actor"]["Dense_0"]["kernel"])
+  # Held-out success 1.0 stops at once and keeps that evaluation's params.
+  seen.clear()
+  script[:] = [0.5, 1.0, 0.0]
+  out, history = train(policy, params, data_lib.batches(demos, 1, 16), cfg, jax.random.key(1), evaluate=evaluate,
+                       progress=False)
+  assert history["kept_step"] == 10 == history["steps_run"] and len(history["evals"]) == 2
+  # Without early stopping the last params are kept.
+  seen.clear()
+  script[:] = [0.9, 0.1, 0.1]
+  _, history = train(policy, params, data_lib.batches(demos, 1, 16),
+                     SFTConfig(steps=15, batch_size=16, learning_rate=3e-3, log_every=5, eval_every=5),
+                     jax.random.key(1), evaluate=evaluate, progress=False)
+  assert history["kept_step"] == 15 == history["steps_run"]
+
+
+# ----------------------------------------------------------------------------- the env from the manifest
+
+
+def test_the_env_comes_from_the_manifest_unless_given(tmp_path):
+  from ebrl.sft.run import demo_env
+  from launch.configs import default
+  d = write_demos(tmp_path / "demos", env="MetaWorld/MT:Reach-v3,Push-v3")
+  cfg = demo_env(default.get_config(), str(d), env_given=False)
+  assert cfg.env.name == "MetaWorld/MT:Reach-v3,Push-v3" and resolve(cfg).tasks == ("Reach-v3", "Push-v3")
+  assert demo_env(default.get_config(), str(d), env_given=True).env.name == "MetaWorld/Reach-v3"
 
 
 # ----------------------------------------------------------------------------- the loss falls
@@ -270,6 +384,9 @@ def _run_sft(args):
     ("keys", "observe pixels (3, 64, 64) uint8, state (39,) float32, task (2,) float32; env "
              "'MetaWorld/MT:Reach-v3,Push-v3' observes state (39,) float32, task (2,) float32"),
     ("other_env", "were recorded on 'MetaWorld/MT:Reach-v3,Push-v3'; --config.env.name is 'MetaWorld/Reach-v3'"),
+    # No --config.env.name: the demos' env is taken, so the check that fails is the next one.
+    ("env_from_manifest", "observe state (7,) float32, task (2,) float32; env 'MetaWorld/MT:Reach-v3,Push-v3' "
+                          "observes state (39,) float32"),
 ])
 def test_bad_demos_are_one_line_exit_2_before_a_compile(tmp_path, case, expected):
   d = tmp_path / "demos"
@@ -283,13 +400,30 @@ def test_bad_demos_are_one_line_exit_2_before_a_compile(tmp_path, case, expected
     write_demos(d, state_dim=39, pixels=True)
   elif case == "other_env":
     write_demos(d, state_dim=39)
-    flags = ["--config.env.name=MetaWorld/Reach-v3"]
+    flags = ["--config.env.name=MetaWorld/Reach-v3"]  # The default's value, but given.
+  elif case == "env_from_manifest":
+    write_demos(d, state_dim=7)
+    flags = []
   proc = _run_sft([f"--demos={d}", f"--out={tmp_path / 'sft'}", "--steps=5", *flags])
   assert proc.returncode == 2, proc.stderr[-3000:]
   lines = [l for l in proc.stderr.splitlines() if l.strip() and "Compiling" not in l]
   assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], proc.stderr[-3000:]
   assert "Compiling" not in proc.stderr + proc.stdout and "Traceback" not in proc.stderr
   assert not (tmp_path / "sft" / "params").exists()
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--fit_std=exact"], "--fit_std"),
+    (["--obs_min_std=0"], "--obs_min_std=0.0 must be a positive number"),
+    (["--eval_every=0", "--early_stop"], "--early_stop=True keeps the best held-out evaluation: it needs --eval_every > 0"),
+    (["--patience=0"], "--patience=0 must be positive"),
+    (["--train_log_std", "--fit_std=none"], "--train_log_std=True (--fit_std=gradient) contradicts --fit_std=none"),
+])
+def test_bad_sft_flags_are_one_line_exit_2(tmp_path, args, expected):
+  proc = _run_sft([f"--demos={tmp_path}", f"--out={tmp_path / 'sft'}", *args])
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  lines = [l for l in proc.stderr.splitlines() if l.strip()]
+  assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], proc.stderr[-3000:]
 
 
 # ----------------------------------------------------------------------------- a recording, SFT, then RL
@@ -326,10 +460,22 @@ def test_pretrained_params_warm_start_rl_bit_identically(reach_demos, tmp_path):
   from ebrl.trainer import Trainer
 
   cfg = tiny_cfg()
+  cfg.policy.min_std, cfg.policy.max_std = 0.05, 0.5
   run = SFTRun(demos=str(reach_demos), out=str(tmp_path / "sft"), eval_episodes=2, progress=False,
                train=SFTConfig(steps=30, batch_size=16, learning_rate=3e-3, eval_every=15, log_every=10))
   params, meta = pretrain(resolve(cfg), run)
   assert meta["loss_last"] < meta["loss_first"] and [e["step"] for e in meta["held_out"]] == [15, 30]
+  # The std in closed form, within the bounds, is what the params carry and sft.json records.
+  std = np.exp(np.asarray(params["net"]["log_std"], np.float64))
+  assert meta["fit_std"] == "closed_form" and len(meta["action_std"]) == 4
+  np.testing.assert_allclose(meta["action_std"], std, rtol=1e-6)
+  assert np.all((std >= 0.05 - 1e-7) & (std <= 0.5 + 1e-7)) and np.any(std != 1.0)
+  assert meta["kept_step"] == meta["steps_run"] == 30
+  final = meta["held_out_final"]
+  assert set(final) == {"mean", "sample"} and all(0.0 <= final[m]["success_rate"] <= 1.0 for m in final)
+  assert final["sample"]["success_rate"] == meta["held_out"][-1]["success_rate"] and "success_ci95" in final["mean"]
+  saved = json.loads((tmp_path / "sft" / "sft.json").read_text())
+  assert saved["held_out_final"] == final and saved["action_std"] == meta["action_std"]
   assert meta["held_out"][-1]["episodes"] == 2 and 0.0 <= meta["final_success_rate"] <= 1.0
   assert float(params["obs_norm"].count) == open_demos(str(reach_demos)).num_steps
   rows = [json.loads(l) for l in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]

@@ -411,3 +411,171 @@ def test_vla_large_preset_is_a_valid_run_of_the_documented_size():
   small = defaults.get_config()
   small.policy.chunk_size = cfg.policy.chunk_size
   assert count(cfg) > 8 * count(small)
+
+
+# ----------------------------------------------------------------------------- the fine-tuning recipe's update
+
+
+def _batch(ro):
+  """The rollout as the reference loss of test_learner reads it, with GAE from CFG."""
+  adv, ret = ref_gae(ro.rewards * CFG.reward_scale, ro.values, ro.terminated, ro.done, CFG.gamma, CFG.gae_lambda)
+  f32 = lambda x: np.asarray(x, np.float32)
+  return dict(obs=ro.obs["state"][:T].reshape(T * N, OBS_DIM), actions=ro.actions[:T].reshape(T * N, ACTION_DIM),
+              logp=ro.logp.reshape(-1), values=ro.values[:-1].reshape(-1), adv=f32(adv.reshape(-1)),
+              returns=f32(ret.reshape(-1)), mask=f32(ro.valid.reshape(-1)))
+
+
+def _demo_rows(n: int, seed: int) -> dict:
+  rng = np.random.default_rng(seed)
+  mask = np.ones((n, ACTION_DIM), np.float32)
+  mask[-3:, 1:] = 0.0  # The tail of a chunk past an episode's end: not a target.
+  return {"obs": {"state": rng.normal(size=(n, OBS_DIM)).astype(np.float32)},
+          "actions": rng.uniform(-1, 1, size=(n, ACTION_DIM)).astype(np.float32), "mask": mask}
+
+
+def test_frozen_observation_statistics_stay_bit_identical(policy):
+  """obs_norm_update=frozen: the statistics a warm start brought never move, whatever the batches,
+  while the net trains."""
+  learner = Learner(policy, dataclasses.replace(CFG, epochs=2, num_minibatches=2, obs_norm_update="frozen"))
+  state0 = host(learner.init(jax.random.key(0)))
+  stats = jax.tree.map(np.asarray, state0.params["obs_norm"].replace(
+      mean=np.linspace(-1, 1, OBS_DIM).astype(np.float32), var=np.full(OBS_DIM, 0.25, np.float32),
+      count=np.float32(1234.0)))
+  state = state0.replace(params={**state0.params, "obs_norm": stats})
+  for i in range(3):
+    new = host(learner.update(device(state), make_rollout(policy, state.params, seed=20 + i, p_end=0.2))[0])
+    assert _same(jax.tree.leaves(new.params["obs_norm"]), jax.tree.leaves(stats))
+    assert not _same(jax.tree.leaves(new.params["net"]), jax.tree.leaves(state.params["net"]))
+    state = new
+
+
+def test_demonstration_term_matches_an_independent_computation(policy):
+  """bc_coef: one full-batch step whose demo draw is every row once (bc_batch_size = rows): the reported
+  bc_loss is the masked Gaussian negative log-likelihood written out here with NumPy, and the step is
+  the hand-written loss (PPO + weight * that NLL) stepped by the NumPy Adam; the weight decays as
+  bc_coef * bc_decay**version."""
+  demos = _demo_rows(24, seed=7)
+  coef, decay = 0.8, 0.5
+  cfg = dataclasses.replace(CFG, epochs=1, num_minibatches=1, bc_coef=coef, bc_decay=decay, bc_batch_size=24)
+  learner = Learner(policy, cfg, demos=demos)
+  state0 = host(learner.init(jax.random.key(0)))
+  state0 = state0.replace(version=np.int32(2))
+  ro = make_rollout(policy, state0.params, seed=8, p_end=0.2)
+  new, metrics = learner.update(device(state0), ro)
+
+  net, stats = state0.params["net"], state0.params["obs_norm"]
+  weight = coef * decay ** 2
+  assert float(metrics["bc_weight"]) == pytest.approx(weight)
+  # The NLL by hand, in float64: (obs - mean) / sqrt(var + 1e-8) clipped to 10, the tanh torso, the sum
+  # over valid action dims of 0.5 z^2 + log std + 0.5 log 2 pi, over the rows.
+  mean, log_std, _ = policy._forward(state0.params, demos["obs"])  # pylint: disable=protected-access
+  mean, log_std = np.asarray(mean, np.float64), np.asarray(log_std, np.float64)
+  z = (demos["actions"] - mean) / np.exp(log_std)
+  nll = np.sum((0.5 * z ** 2 + log_std + 0.5 * np.log(2 * np.pi)) * demos["mask"]) / len(z)
+  assert float(metrics["bc_loss"]) == pytest.approx(nll, rel=1e-5)
+
+  batch = _batch(ro)
+
+  def loss(net):
+    base, _ = ref_loss(net, stats, batch, policy, CFG.ppo)
+    m, ls, _ = policy._forward({"net": net, "obs_norm": stats}, demos["obs"])  # pylint: disable=protected-access
+    zz = (demos["actions"] - m) * jnp.exp(-ls)
+    bc = jnp.sum((0.5 * zz ** 2 + ls + 0.5 * np.log(2 * np.pi)) * demos["mask"]) / zz.shape[0]
+    return base + weight * bc
+
+  grads = jax.grad(loss)(net)
+  adam = NumpyAdam(jax.tree.leaves(net), cfg.learning_rate, cfg.max_grad_norm)
+  leaves, _ = adam.step(jax.tree.leaves(net), jax.tree.leaves(grads))
+  expected = jax.tree.unflatten(jax.tree.structure(net), [np.asarray(x, np.float32) for x in leaves])
+  assert_tree_close(host(new).params["net"], expected, atol=1e-6)
+
+
+def test_demo_draws_cover_every_row_before_repeating():
+  from ebrl.learner import demo_draws  # pylint: disable=g-import-not-at-top
+  idx = np.asarray(demo_draws(jax.random.key(3), 10, 3, 4))
+  assert idx.shape == (3, 4)
+  flat = idx.reshape(-1)
+  assert sorted(flat[:10]) == list(range(10)) and set(flat[10:]) <= set(flat[:10])
+  assert sorted(np.asarray(demo_draws(jax.random.key(4), 6, 1, 6))[0]) == list(range(6))
+
+
+def test_actor_and_critic_have_their_own_optimiser_states_and_rates(policy):
+  """actor_learning_rate / critic_learning_rate: two Adam states, each with its own gradient clip; one
+  step equals two NumPy Adams, one over the actor's leaves at its rate and one over the critic's."""
+  actor_lr, critic_lr = 1e-3, 2e-2
+  cfg = dataclasses.replace(CFG, epochs=1, num_minibatches=1, actor_learning_rate=actor_lr,
+                            critic_learning_rate=critic_lr)
+  learner = Learner(policy, cfg)
+  state0 = host(learner.init(jax.random.key(0)))
+  import optax  # pylint: disable=g-import-not-at-top
+  assert isinstance(state0.opt_state, optax.MultiTransformState)
+  assert set(state0.opt_state.inner_states) == {"actor", "critic"}
+  ro = make_rollout(policy, state0.params, seed=9, p_end=0.2)
+  new, metrics = learner.update(device(state0), ro)
+  assert float(metrics["learning_rate"]) == pytest.approx(actor_lr)
+  assert float(metrics["critic_learning_rate"]) == pytest.approx(critic_lr)
+
+  net, stats = state0.params["net"], state0.params["obs_norm"]
+  batch = _batch(ro)
+  grads = jax.grad(lambda n: ref_loss(n, stats, batch, policy, CFG.ppo)[0])(net)
+  mask = critic_mask(net)
+  expected = {}
+  for want, lr in ((False, actor_lr), (True, critic_lr)):
+    adam = NumpyAdam(_leaves(net, mask, want), lr, cfg.max_grad_norm)
+    expected[want] = adam.step(_leaves(net, mask, want), _leaves(grads, mask, want))[0]
+  got = host(new).params["net"]
+  for want in (False, True):
+    for a, b in zip(_leaves(got, mask, want), expected[want]):
+      np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_critic_warmup_ends_when_the_critic_explains_the_returns(policy):
+  """critic_warmup_ev: the warm-up lasts while the critic explains less than that fraction of the
+  targets' variance, at most critic_warmup_updates updates, and never comes back once over."""
+  cfg = dataclasses.replace(CFG, epochs=2, num_minibatches=2, critic_warmup_updates=2, critic_warmup_ev=0.9)
+  learner = Learner(policy, cfg)
+  state0 = host(learner.init(jax.random.key(0)))
+  mask = critic_mask(state0.params["net"])
+  # A random critic on random returns: below the threshold, so the cap ends the warm-up.
+  state, flags = state0, []
+  for i in range(3):
+    new, metrics = learner.update(device(state), make_rollout(policy, state.params, seed=30 + i, p_end=0.2))
+    assert float(metrics["explained_variance"]) < 0.9
+    flags.append(float(metrics["critic_warmup"]))
+    new = host(new)
+    if i < 2:
+      assert _same(_leaves(new.params["net"], mask, False), _leaves(state0.params["net"], mask, False))
+    state = new
+  assert flags == [1.0, 1.0, 0.0] and bool(state.critic_ready)
+  # Returns the critic predicts exactly (no reward, every value 0): explained at once, no warm-up.
+  ro = make_rollout(policy, state0.params, seed=33, p_end=0.2)
+  ro = ro.replace(rewards=np.zeros_like(ro.rewards), values=np.zeros_like(ro.values))
+  new, metrics = learner.update(device(state0), ro)
+  assert float(metrics["explained_variance"]) >= 0.9 and float(metrics["critic_warmup"]) == 0.0
+  assert bool(host(new).critic_ready)
+  # Once ended it stays ended, whatever the next batch explains.
+  _, metrics = learner.update(new, make_rollout(policy, state0.params, seed=34, p_end=0.2))
+  assert float(metrics["critic_warmup"]) == 0.0
+
+
+def test_kl_on_the_mean_only_matches_its_formula_and_ignores_the_std(policy):
+  """ref_kl_mode=mean: 0.5 sum((mu - mu_ref) / std_ref)^2 over the batch's valid samples, by hand; a
+  policy that differs from its reference only in its std pays nothing."""
+  cfg = dataclasses.replace(CFG, epochs=1, num_minibatches=1, ref_kl_coef=0.5, ref_kl_mode="mean")
+  learner = Learner(policy, cfg)
+  state0 = host(learner.init(jax.random.key(0)))
+  reference = _perturbed(state0.params, 0.2, seed=11)
+  ro = make_rollout(policy, state0.params, seed=12, p_end=0.2)
+  _, metrics = learner.update(device(state0.replace(reference=reference)), ro)
+  batch = _batch(ro)
+  mu, _, _ = policy._forward(state0.params, {"state": batch["obs"]})  # pylint: disable=protected-access
+  mu_ref, ls_ref, _ = policy._forward(reference, {"state": batch["obs"]})  # pylint: disable=protected-access
+  per = 0.5 * np.sum(((np.asarray(mu, np.float64) - np.asarray(mu_ref)) / np.exp(np.asarray(ls_ref))) ** 2, -1)
+  want = np.sum(per * batch["mask"]) / np.sum(batch["mask"])
+  assert want > 1e-3 and float(metrics["ref_kl"]) == pytest.approx(want, rel=1e-5)
+  # Only the std differs: no penalty.
+  net = dict(state0.params["net"])
+  net["log_std"] = np.asarray(net["log_std"]) - 1.0
+  _, metrics = learner.update(device(state0.replace(params={**state0.params, "net": net},
+                                                    reference=state0.params)), ro)
+  assert float(metrics["ref_kl"]) == 0.0

@@ -191,3 +191,152 @@ def test_mt10_instructions_condition_the_expert_as_a_bag_of_words():
   np.testing.assert_allclose(value, value2, rtol=1e-5, atol=1e-5)
   with pytest.raises(ValueError, match="3 instructions for 10 tasks"):
     FlowPolicy(spec, chunk_size=2, instructions=texts[:3]).init(jax.random.PRNGKey(0))
+
+
+# ----------------------------------------------------------------------------- mean action, last-K fine-tuning
+
+
+def test_mean_action_is_the_noiseless_chain_from_zero():
+  policy = _policy()
+  params, obs = _params(policy, seed=3), _obs(5, seed=2)
+  a = np.asarray(jax.jit(policy.mean_action)(params, obs))
+  np.testing.assert_array_equal(a, np.asarray(jax.jit(policy.mean_action)(params, obs)))  # Deterministic.
+  assert a.shape == (5, policy.action_size)
+  obs_x = policy.normalized_obs(params, obs)
+  x, chain = jnp.zeros((5, D)), []
+  for k in range(STEPS):
+    chain.append(np.asarray(x))
+    x = x + policy.velocity(params, obs_x, x, jnp.full((5,), k / STEPS)) / STEPS
+  center, half = _center_half()
+  np.testing.assert_allclose(a[:, :D], center + half * np.asarray(x), atol=1e-5)
+  np.testing.assert_allclose(a[:, D:], np.concatenate(chain, axis=1), atol=1e-5)
+  assert not a[:, D:2 * D].any()  # x_0 = 0.
+
+
+def _finetune_params(policy, seed: int = 0):
+  """Random params whose frozen copy differs from the net's velocity (so a mix-up shows)."""
+  params = _params(policy, seed)
+  other = policy.init(jax.random.key(seed + 50))
+  return {**params, "base": {"vel": other["net"]["vel"]}}
+
+
+def test_finetune_last_k_steps_chain_is_exact_and_only_they_get_gradients():
+  policy = _policy(finetune_steps=1)
+  f = policy.frozen_steps
+  assert f == STEPS - 1 and "base" in policy.init(jax.random.key(0)) and "base" not in _policy().init(jax.random.key(0))
+  params, obs = _finetune_params(policy, seed=5), _obs(6, seed=7)
+  action, logp, _, _ = jax.jit(policy.sample)(params, obs, jax.random.key(9))
+  np.testing.assert_allclose(jax.jit(policy.evaluate)(params, obs, action)[0], logp, rtol=1e-5, atol=1e-3)
+  a = np.asarray(action, np.float64)
+  center, half = _center_half()
+  chain = [a[:, D + k * D:D + (k + 1) * D] for k in range(STEPS)] + [(a[:, :D] - center) / half]
+  obs_x = policy.normalized_obs(params, obs)
+  std = np.exp(np.asarray(policy.noise_log_std(params), np.float64))
+
+  def log_normal(x, mean, sd):
+    return np.sum(-0.5 * ((x - mean) / sd) ** 2 - np.log(sd) - 0.5 * np.log(2 * np.pi), axis=-1)
+
+  expect = log_normal(chain[0], 0.0, 1.0) - np.sum(np.log(half))
+  for k in range(STEPS):  # The frozen steps on the base copy, the last on the net.
+    vel = policy.base_velocity if k < f else policy.velocity
+    v = np.asarray(vel(params, obs_x, jnp.asarray(chain[k], jnp.float32), jnp.full((6,), k / STEPS)))
+    expect += log_normal(chain[k + 1], chain[k] + v / STEPS, std[k])
+  np.testing.assert_allclose(np.asarray(logp), expect, rtol=1e-4, atol=1e-3)
+  # The mean action runs the same split chain.
+  m = np.asarray(policy.mean_action(params, obs))
+  x = jnp.zeros((6, D))
+  for k in range(STEPS):
+    vel = policy.base_velocity if k < f else policy.velocity
+    x = x + vel(params, obs_x, x, jnp.full((6,), k / STEPS)) / STEPS
+  np.testing.assert_allclose(m[:, :D], center + half * np.asarray(x), atol=1e-5)
+
+  # d logp / d net is that of the last K transitions' terms alone.
+  xs = jnp.asarray(np.stack(chain, axis=1), jnp.float32)  # [B, S + 1, D]
+
+  def last_k(net):
+    p = {**params, "net": net}
+    log_std = policy.noise_log_std(p)
+    total = 0.0
+    for k in range(f, STEPS):
+      v = policy.velocity(p, obs_x, xs[:, k], jnp.full((6,), k / STEPS))
+      z = (xs[:, k + 1] - xs[:, k] - v / STEPS) * jnp.exp(-log_std[k])
+      total = total + jnp.sum(-0.5 * z**2 - log_std[k])
+    return total
+
+  got = jax.grad(lambda n: policy.evaluate({**params, "net": n}, obs, action)[0].sum())(params["net"])
+  want = jax.grad(last_k)(params["net"])
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+  assert not np.asarray(got["noise_raw"][:f]).any() and np.asarray(got["noise_raw"][f:]).any()
+  ent_grad = jax.grad(lambda n: policy.chain_entropy({**params, "net": n}))(params["net"])["noise_raw"]
+  assert not np.asarray(ent_grad[:f]).any()
+
+
+def test_an_optimiser_step_leaves_the_frozen_steps_bit_identical():
+  policy = _policy(finetune_steps=2)
+  params, obs = _finetune_params(policy, seed=1), _obs(8, seed=4)
+  action = jax.jit(policy.sample)(params, obs, jax.random.key(2))[0]
+  opt = optax.chain(optax.clip_by_global_norm(0.5), optax.adam(1e-2))  # As the learner: params["net"] only.
+
+  def loss(net):
+    logp, ent, value = policy.evaluate({**params, "net": net}, obs, action)
+    return -(logp.mean() + 0.01 * ent.mean()) + jnp.square(value).mean()
+
+  net = params["net"]
+  updates, _ = opt.update(jax.grad(loss)(net), opt.init(net), net)
+  new = {**params, "net": optax.apply_updates(net, updates)}
+  f = policy.frozen_steps
+  for a, b in zip(jax.tree.leaves(new["base"]), jax.tree.leaves(params["base"])):
+    np.testing.assert_array_equal(a, b)
+  np.testing.assert_array_equal(new["net"]["noise_raw"][:f], params["net"]["noise_raw"][:f])
+  assert not np.array_equal(new["net"]["noise_raw"][f:], params["net"]["noise_raw"][f:])
+  assert not np.array_equal(new["net"]["vel"]["Dense_0"]["kernel"], params["net"]["vel"]["Dense_0"]["kernel"])
+
+
+def test_a_warm_start_without_base_copies_the_net_into_it(tmp_path):
+  from ebrl import warm_start
+  pre = _policy()  # Pre-trained on every step (launch.sft): no "base".
+  saved = _params(pre, seed=8)
+  warm_start.save_params(str(tmp_path / "sft"), saved)
+  policy = _policy(finetune_steps=1)
+  loaded = warm_start.load_params(str(tmp_path / "sft"), policy.init(jax.random.key(1)))
+  assert set(loaded) == {"net", "obs_norm", "base"}
+  for a, b in zip(jax.tree.leaves(loaded["base"]["vel"]), jax.tree.leaves(saved["net"]["vel"])):
+    np.testing.assert_array_equal(a, b)
+  for a, b in zip(jax.tree.leaves(loaded["net"]), jax.tree.leaves(saved["net"])):
+    np.testing.assert_array_equal(a, b)
+  with pytest.raises(ValueError, match=r"finetune_steps=4 must be in \[0, steps=3\]"):
+    _policy(finetune_steps=4)
+  synced = policy.sync_base(_finetune_params(policy, seed=2))  # What launch.sft saves: base = the trained net.
+  for a, b in zip(jax.tree.leaves(synced["base"]["vel"]), jax.tree.leaves(synced["net"]["vel"])):
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("key,value,expected", [
+    ("flow_min_log_std", 0.0, "policy.flow_min_log_std=0.0 must be a finite number below 0"),
+    ("flow_min_log_std", -0.5, "policy.flow_init_log_std=-1.0 must be in (-0.5, 0)"),
+    ("flow_hidden", (256, 0), "policy.flow_hidden=(256, 0) must be positive integer layer sizes"),
+    ("flow_hidden", (), "policy.flow_hidden=() must be positive integer layer sizes"),
+    ("flow_finetune_steps", 5, "policy.flow_finetune_steps=5 must be an integer in [0, policy.flow_steps=4]"),
+    ("flow_finetune_steps", -1, "policy.flow_finetune_steps=-1 must be an integer in [0, policy.flow_steps=4]"),
+])
+def test_bad_flow_keys_are_one_line_errors(key, value, expected):
+  from ebrl.defaults import get_config
+  from ebrl.errors import UserError
+  from ebrl.validation import resolve
+  cfg = get_config()
+  cfg.policy.name = "flow"
+  cfg.policy[key] = value
+  with pytest.raises(UserError) as e:
+    resolve(cfg)
+  assert expected in str(e.value) and "\n" not in str(e.value)
+
+
+def test_make_policy_reads_the_flow_keys():
+  from ebrl.defaults import get_config
+  from policies import make_policy
+  cfg = get_config().policy
+  cfg.update(flow_hidden=(32, 16), flow_min_log_std=-3.0, flow_finetune_steps=1, flow_steps=3)
+  policy = make_policy("flow", _policy().spec, cfg)
+  assert (policy.hidden, policy.min_log_std, policy.finetune_steps, policy.frozen_steps) == ((32, 16), -3.0, 1, 2)
+  assert get_config().policy.flow_hidden == (256, 256) and get_config().policy.flow_finetune_steps == 0

@@ -507,3 +507,44 @@ def test_cli_pretrains_a_chunked_autoregressive_vla(reach_demos, tmp_path):
   assert meta["loss"] == "token_cross_entropy" and meta["chunk_size"] == 2
   assert [e["step"] for e in meta["held_out"]] == [10, 20]
   assert "held-out success at step 20:" in proc.stdout and (out / "params").is_dir()
+
+
+def test_the_finetune_recipe_runs_from_sft_to_rl_keeping_the_demo_statistics(reach_demos, tmp_path):
+  """launch/configs/finetune.py end to end at tiny sizes: pre-training with its std bounds, then RL from
+  it with every knob of the recipe on (frozen statistics, the demonstration term reading the warm
+  start's demos, actor and critic optimisers, the warm-up by explained variance, success-aligned
+  rewards): the observation statistics leave RL bit-identical, the demonstration term is in the
+  update, and summary.json has both evaluation modes before and after."""
+  from ebrl.sft import SFTRun, pretrain
+  from launch.configs import finetune
+  from tiny_configs import run_to_end  # pylint: disable=g-import-not-at-top
+
+  recipe = finetune.get_config()
+  cfg = tiny_cfg()
+  for section in ("policy", "algorithm"):  # The recipe's fine-tuning knobs over the tiny sizes.
+    for key in ("min_std", "max_std", "obs_norm_update", "actor_learning_rate", "critic_learning_rate",
+                "critic_warmup_updates", "critic_warmup_ev", "bc_coef", "bc_decay", "clip_eps"):
+      if key in recipe[section]:
+        cfg[section][key] = recipe[section][key]
+  cfg.env.end_on_success, cfg.env.success_bonus = recipe.env.end_on_success, recipe.env.success_bonus
+  cfg.algorithm.bc_batch_size = 16
+  cfg.algorithm.bc_demos = str(reach_demos)  # launch.sft sets it from --demos; RL reads it from sft.json.
+  cfg.eval_episodes = 2
+  run = SFTRun(demos=str(reach_demos), out=str(tmp_path / "sft"), eval_episodes=2, progress=False,
+               train=SFTConfig(steps=20, batch_size=16, learning_rate=3e-3, log_every=10))
+  params, meta = pretrain(resolve(cfg), run)
+  assert all(recipe.policy.min_std - 1e-7 <= s <= recipe.policy.max_std + 1e-7 for s in meta["action_std"])
+  cfg.algorithm.bc_demos = ""
+  cfg.warm_start = str(tmp_path / "sft")
+  cfg.total_env_steps = 48
+  trainer, summary = run_to_end(cfg, tmp_path / "rl")
+  state = trainer.state
+  for a, b in zip(jax.tree.leaves(state.params["obs_norm"]), jax.tree.leaves(params["obs_norm"])):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  rows = [json.loads(l) for l in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
+  trained = [r for r in rows if "bc_loss" in r]
+  assert trained and all(np.isfinite(r["bc_loss"]) and r["bc_weight"] > 0 for r in trained)
+  assert all(r["critic_learning_rate"] == pytest.approx(recipe.algorithm.critic_learning_rate) for r in trained)
+  for when in ("success_before", "success_after"):
+    assert set(summary[when]) == {"mean", "sample"}
+    assert all(0.0 <= summary[when][m]["success_rate"] <= 1.0 for m in ("mean", "sample"))

@@ -131,3 +131,26 @@ class SimAdapter(Protocol):
 
   def close(self) -> None:
     """Release the simulator's threads."""
+
+
+class Wrapper:
+  """What an adapter that wraps `self.inner` and changes only send / recv shares: readiness,
+  resets and closing pass through, and `step` is send-all + receive-all through this wrapper's own
+  send and recv (so the wrapper's changes apply to it too)."""
+
+  inner: SimAdapter
+  num_envs: int
+
+  def can_recv(self) -> bool:
+    return self.inner.can_recv()
+
+  def step(self, actions: np.ndarray) -> StepBatch:
+    """Every env takes its action; returns when all are back, rows ordered by env id."""
+    self.send(actions, np.arange(self.num_envs, dtype=np.int32))  # type: ignore[attr-defined]
+    return gather_all(self, self.num_envs)
+
+  def reset_envs(self, env_ids: np.ndarray) -> None:
+    self.inner.reset_envs(env_ids)
+
+  def close(self) -> None:
+    self.inner.close()

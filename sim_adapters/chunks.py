@@ -33,12 +33,12 @@ import dataclasses
 
 import numpy as np
 
-from sim_adapters.base import StepBatch
+from sim_adapters.base import StepBatch, Wrapper
 
 REWARD_TYPES = ("chunk", "action")
 
 
-class ChunkAdapter:
+class ChunkAdapter(Wrapper):
   """Wraps an asynchronous SimAdapter whose actions are one step; takes K-step chunks."""
 
   def __init__(self, inner, chunk_size: int, reward_type: str = "chunk", gamma: float = 0.99):
@@ -102,18 +102,3 @@ class ChunkAdapter:
                          terminated=b.terminated[out], truncated=b.truncated[out],
                          success=self._success[done_ids].copy(), env_ids=done_ids, reset_step=b.reset_step[out],
                          discount=discount)
-
-  def can_recv(self) -> bool:
-    return self.inner.can_recv()
-
-  def step(self, actions: np.ndarray) -> StepBatch:
-    """Every env runs its chunk; returns when all are back, rows ordered by env id."""
-    from sim_adapters.base import gather_all  # pylint: disable=g-import-not-at-top
-    self.send(actions, np.arange(self.num_envs, dtype=np.int32))
-    return gather_all(self, self.num_envs)
-
-  def reset_envs(self, env_ids: np.ndarray) -> None:
-    self.inner.reset_envs(env_ids)
-
-  def close(self) -> None:
-    self.inner.close()

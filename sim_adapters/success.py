@@ -27,7 +27,7 @@ import math
 
 import numpy as np
 
-from sim_adapters.base import StepBatch, gather_all
+from sim_adapters.base import StepBatch, Wrapper
 
 
 def check_options(bonus, end_on_success) -> None:
@@ -38,7 +38,7 @@ def check_options(bonus, end_on_success) -> None:
     raise ValueError(f"end_on_success={end_on_success!r} must be True or False")
 
 
-class SuccessAdapter:
+class SuccessAdapter(Wrapper):
   """Wraps a SimAdapter; adds `bonus` on success rows and (end_on_success) ends episodes there."""
 
   def __init__(self, inner, bonus: float = 0.0, end_on_success: bool = False):
@@ -79,16 +79,3 @@ class SuccessAdapter:
         changes["terminated"] = b.terminated | end
         changes["truncated"] = b.truncated & ~end  # A true terminal: no bootstrap.
     return dataclasses.replace(b, **changes) if changes else b
-
-  def can_recv(self) -> bool:
-    return self.inner.can_recv()
-
-  def step(self, actions: np.ndarray) -> StepBatch:
-    self.send(actions, np.arange(self.num_envs, dtype=np.int32))
-    return gather_all(self, self.num_envs)
-
-  def reset_envs(self, env_ids: np.ndarray) -> None:
-    self.inner.reset_envs(env_ids)
-
-  def close(self) -> None:
-    self.inner.close()

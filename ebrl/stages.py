@@ -129,17 +129,14 @@ def _bc_demos(run: RunSpec, env_spec: EnvSpec) -> dict | None:
     return None
   from ebrl.demos import DemoFormatError, open_demos  # pylint: disable=g-import-not-at-top
   from ebrl.demos.rows import all_rows  # pylint: disable=g-import-not-at-top
+  from ebrl.sft.data import check_demos  # pylint: disable=g-import-not-at-top
   from ebrl.validation import bc_demos_path  # pylint: disable=g-import-not-at-top
 
   a = run.algorithm
   path = bc_demos_path(a.bc_coef, a.bc_demos, run.outputs.warm_start)
   try:
     demos = open_demos(path)
-    if demos.env != run.env.name:
-      raise UserError(f"algorithm.bc_demos: demos in '{path}' were recorded on '{demos.env}'; the run's env is "
-                      f"'{run.env.name}'")
-    one_step = dataclasses.replace(env_spec, action_dim=env_spec.action_dim // max(1, env_spec.chunk_size))
-    demos.check_spec(one_step)
+    check_demos(demos, env_spec, run.env.name)  # Pre-training's check: the same env, observations, actions.
     return all_rows(demos, max(1, run.policy.chunk_size))
   except (DemoFormatError, ValueError) as e:
     raise UserError(str(e)) from None

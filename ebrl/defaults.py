@@ -134,7 +134,7 @@ def get_config() -> ml_collections.ConfigDict:
       bc_demos="",
       # PPO's ratio per "decision" (an action or a chunk) or per "token" (vla: each action token's
       # ratio clipped on its own; a chunk of 4 x 4 dims is 16 tokens, whose product ratio leaves the
-      # clip range after tiny per-token moves).
+      # clip range after tiny per-token moves; flow: each denoising step's, DPPO's denoising MDP).
       ratio_level="decision",
   ))
   # scheduler=ebrl: env groups on their own threads, dynamic generation batches, async learner.

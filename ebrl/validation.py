@@ -362,9 +362,9 @@ def _check_grpo_and_fine_tuning(cfg, device: bool) -> None:
   _check_fine_tuning(cfg)
   if a.ratio_level not in RATIO_LEVELS:
     raise UserError(f"algorithm.ratio_level={a.ratio_level!r} is not one of {', '.join(RATIO_LEVELS)}")
-  if a.ratio_level == "token" and cfg.policy.name != "vla":
-    raise UserError(f"algorithm.ratio_level=token needs a policy whose actions are tokens (vla), got "
-                    f"policy.name='{cfg.policy.name}'; use ratio_level=decision")
+  if a.ratio_level == "token" and cfg.policy.name not in ("vla", "flow"):
+    raise UserError(f"algorithm.ratio_level=token needs a policy whose decision is a sequence (vla: action "
+                    f"tokens, flow: denoising steps), got policy.name='{cfg.policy.name}'; use ratio_level=decision")
   if a.ratio_level == "token" and a.correction == "vtrace":
     raise UserError("algorithm.ratio_level=token takes each token's ratio against the update's proximal policy, "
                     "which correction=vtrace does not use; use correction=decoupled_ppo")

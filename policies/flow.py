@@ -294,14 +294,17 @@ class FlowPolicy(FlatInputs):
     chex.assert_shape([logp, value], (b,))
     return action, logp, value, {}
 
-  def evaluate(self, params: Params, obs: Obs, action: jax.Array):
-    """(logp of the chain, its entropy, value) for actions with any leading axes: a minibatch's [B]
-    or a segment batch's [T, S], which the async learner evaluates whole."""
+  def evaluate_tokens(self, params: Params, obs: Obs, action: jax.Array):
+    """`evaluate` with the log-prob of each denoising step [..., S] instead of their sum: PPO with
+    algorithm.ratio_level="token" clips each step's ratio on its own (DPPO's denoising MDP). The
+    chain's density is sharp (S x D Gaussian dims at a small sigma), so one optimiser step already
+    moves a whole chain's ratio outside the clip range for most samples; per step, each ratio is
+    bounded by what its own step moved."""
     lead = action.shape[:-1]
     if len(lead) != 1:
       flat = lambda x: x.reshape((-1,) + x.shape[len(lead):])
-      logp, entropy, value = self.evaluate(params, jax.tree.map(flat, obs), flat(action))
-      return logp.reshape(lead), entropy.reshape(lead), value.reshape(lead)
+      logp, entropy, value = self.evaluate_tokens(params, jax.tree.map(flat, obs), flat(action))
+      return logp.reshape(lead + logp.shape[-1:]), entropy.reshape(lead), value.reshape(lead)
     obs_x = self.normalized_obs(params, obs)
     b, d, s = obs_x.shape[0], self.chunk_dim, self.steps
     chex.assert_shape(action, (b, self.action_size))
@@ -323,11 +326,20 @@ class FlowPolicy(FlatInputs):
       v = jnp.concatenate([vel(params["base"]["vel"], 0, f), v], axis=1)
     log_std = self.noise_log_std(params)
     step_logp = gaussian_logp(targets, xs + v / s, jnp.broadcast_to(log_std, (b, s, d)))  # [B, S]
-    logp = _std_normal_logp(xs[:, 0]) + step_logp.sum(-1) - self._log_det()
+    # The terms no parameter moves (x_0's density, the affine map's log-det) ride on step 0, so the
+    # steps' log-probs sum to the chain's.
+    step_logp = step_logp.at[:, 0].add(_std_normal_logp(xs[:, 0]) - self._log_det())
     value = self._net.apply({"params": params["net"]}, obs_x, method=_FlowNet.value)
     entropy = jnp.broadcast_to(self.chain_entropy(params), (b,))
-    chex.assert_shape([logp, entropy, value], (b,))
-    return logp, entropy, value
+    chex.assert_shape(step_logp, (b, s))
+    chex.assert_shape([entropy, value], (b,))
+    return step_logp, entropy, value
+
+  def evaluate(self, params: Params, obs: Obs, action: jax.Array):
+    """(logp of the chain, its entropy, value) for actions with any leading axes: a minibatch's [B]
+    or a segment batch's [T, S], which the async learner evaluates whole."""
+    step_logp, entropy, value = self.evaluate_tokens(params, obs, action)
+    return step_logp.sum(-1), entropy, value
 
   def chain_entropy(self, params: Params) -> jax.Array:
     """Exact joint entropy of the raw action (the chain), a scalar; see the module doc."""

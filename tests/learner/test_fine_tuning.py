@@ -216,27 +216,47 @@ def _token_loss(policy, net, stats, batch, prox_tokens, ppo):
   return policy_loss + ppo.vf_coef * value_loss - ppo.ent_coef * jnp.sum(w * entropy)
 
 
-def test_token_ratios_update_matches_reference():
-  """algorithm.ratio_level="token" on the vla: two full-batch steps (the second with ratios away from 1,
-  some clipped) equal the hand-written per-token loss stepped by NumPy's Adam, the ratios taken against
-  the params the update started from."""
+def _sampled_rollout(policy, params, seed: int):
+  """make_rollout's episode structure with the policy's own sampled actions (a flow's raw action is its
+  whole chain, which random actions are not) and their log-probs."""
+  ro = make_rollout(MLPPolicy(tiny_spec(), hidden=(4,)), MLPPolicy(tiny_spec(), hidden=(4,)).init(jax.random.key(0)),
+                    seed=seed, p_end=0.2)
+  obs = np.concatenate([ro.obs["state"], ro.obs["state"][-1:]])  # [T + 1, N, OBS_DIM]: the last row bootstraps.
+  flat_obs = {"state": jnp.asarray(obs.reshape((T + 1) * N, OBS_DIM))}
+  actions, _, _, _ = policy.sample(params, flat_obs, jax.random.key(seed))
+  actions = np.asarray(actions).reshape(T + 1, N, -1)
+  logp, _, values = jax.jit(policy.evaluate)(params, {"state": obs}, actions)
+  return dataclasses.replace(ro, actions=actions[:T], logp=np.asarray(logp)[:T], values=np.asarray(values))
+
+
+@pytest.mark.parametrize("name", ["vla", "flow"])
+def test_token_ratios_update_matches_reference(name):
+  """algorithm.ratio_level="token": two full-batch steps (the second with ratios away from 1, some
+  clipped) equal the hand-written per-token loss stepped by NumPy's Adam, the ratios taken against the
+  params the update started from. The vla's tokens are its action tokens, the flow's its denoising
+  steps (DPPO)."""
   spec = tiny_spec()
-  vla = VLAPolicy(spec, chunk_size=1, bins=16, width=16, depth=1, heads=2)
+  if name == "vla":
+    policy, tokens = VLAPolicy(spec, chunk_size=1, bins=16, width=16, depth=1, heads=2), ACTION_DIM
+  else:
+    policy, tokens = FlowPolicy(spec, chunk_size=1, steps=3, hidden=(16, 16), critic_hidden=(16, 16),
+                                init_log_std=-1.0), 3
   ppo = dataclasses.replace(CFG.ppo, value_clip_eps=0.0)
   cfg = dataclasses.replace(CFG, epochs=2, num_minibatches=1, ratio_level="token", learning_rate=3e-2, ppo=ppo)
-  learner = Learner(vla, cfg)
+  learner = Learner(policy, cfg)
   state0 = host(learner.init(jax.random.key(0)))
-  ro = make_rollout(vla, state0.params, seed=7, p_end=0.2)
+  ro = make_rollout(policy, state0.params, seed=7, p_end=0.2) if name == "vla" else \
+      _sampled_rollout(policy, state0.params, seed=7)
   new, metrics = learner.update(device(state0), ro)
 
   adv, ret = ref_gae(ro.rewards * cfg.reward_scale, ro.values, ro.terminated, ro.done, cfg.gamma, cfg.gae_lambda)
   f32 = lambda x: np.asarray(x, np.float32)
-  batch = dict(obs=ro.obs["state"][:T].reshape(T * N, OBS_DIM), actions=ro.actions[:T].reshape(T * N, ACTION_DIM),
+  batch = dict(obs=ro.obs["state"][:T].reshape(T * N, OBS_DIM), actions=ro.actions[:T].reshape(T * N, -1),
                adv=f32(adv.reshape(-1)), returns=f32(ret.reshape(-1)), mask=f32(ro.valid.reshape(-1)))
   net, stats = state0.params["net"], state0.params["obs_norm"]
-  prox, _, _ = vla.evaluate_tokens(state0.params, {"state": batch["obs"]}, batch["actions"])
-  assert prox.shape == (T * N, ACTION_DIM)  # One token per action dimension.
-  grad = jax.grad(lambda n: _token_loss(vla, n, stats, batch, prox, ppo))
+  prox, _, _ = policy.evaluate_tokens(state0.params, {"state": batch["obs"]}, batch["actions"])
+  assert prox.shape == (T * N, tokens)  # vla: one token per action dimension; flow: one per denoising step.
+  grad = jax.grad(lambda n: _token_loss(policy, n, stats, batch, prox, ppo))
   adam = NumpyAdam(jax.tree.leaves(net), cfg.learning_rate, cfg.max_grad_norm)
   leaves = jax.tree.leaves(net)
   for _ in range(cfg.epochs):

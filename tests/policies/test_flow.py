@@ -102,6 +102,36 @@ def test_logp_matches_numpy_chain_likelihood():
   np.testing.assert_allclose(np.asarray(logp), expect, rtol=1e-4, atol=1e-3)
 
 
+def test_step_logps_are_each_denoising_steps_and_sum_to_the_chains():
+  """ratio_level=token (DPPO): evaluate_tokens gives step k's Gaussian log-density (NumPy, float64), step 0
+  carrying x_0's density and the box's log-det; they sum to evaluate's and sample's chain log-prob, and a
+  [T, S] segment batch gets [T, S, steps]."""
+  policy = _policy()
+  params, obs = _params(policy, seed=11), _obs(6, seed=12)
+  action, logp, _, _ = policy.sample(params, obs, jax.random.key(13))
+  steps, _, _ = jax.jit(policy.evaluate_tokens)(params, obs, action)
+  assert steps.shape == (6, STEPS)
+  a = np.asarray(action, np.float64)
+  center, half = _center_half()
+  chain = [a[:, D + k * D:D + (k + 1) * D] for k in range(STEPS)] + [(a[:, :D] - center) / half]
+  obs_x = policy.normalized_obs(params, obs)
+  std = np.exp(np.asarray(policy.noise_log_std(params), np.float64))
+  for k in range(STEPS):
+    v = np.asarray(policy.velocity(params, obs_x, jnp.asarray(chain[k], jnp.float32), jnp.full((6,), k / STEPS)))
+    z = (chain[k + 1] - chain[k] - v / STEPS) / std[k]
+    expect = np.sum(-0.5 * z ** 2 - np.log(std[k]) - 0.5 * np.log(2 * np.pi), axis=-1)
+    if k == 0:
+      expect += np.sum(-0.5 * chain[0] ** 2 - 0.5 * np.log(2 * np.pi), axis=-1) - np.sum(np.log(half))
+    np.testing.assert_allclose(np.asarray(steps[:, k]), expect, rtol=1e-4, atol=1e-3)
+  np.testing.assert_allclose(np.asarray(steps).sum(-1), np.asarray(logp), rtol=1e-5, atol=1e-3)
+  np.testing.assert_allclose(np.asarray(policy.evaluate(params, obs, action)[0]), np.asarray(steps).sum(-1),
+                             rtol=1e-6, atol=1e-4)
+  grid, _, _ = policy.evaluate_tokens(params, jax.tree.map(lambda x: x.reshape((2, 3) + x.shape[1:]), obs),
+                                      action.reshape(2, 3, -1))
+  assert grid.shape == (2, 3, STEPS)
+  np.testing.assert_allclose(np.asarray(grid).reshape(6, STEPS), np.asarray(steps), rtol=1e-6, atol=1e-5)
+
+
 def test_monte_carlo_marginal_and_entropy():
   """Constant field v = c: x_S = x_0 + c + sum_k sigma_k eps_k, so the chunk is Gaussian in closed form."""
   policy = _policy()

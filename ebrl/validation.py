@@ -282,6 +282,12 @@ def _check_success_options(cfg) -> None:
   if on and not e.name.startswith("MetaWorld/"):
     raise UserError(f"{' and '.join(on)} applies to MetaWorld host envs (MetaWorld/<Task>-v3, MT10, MT50), not "
                     f"'{e.name}'; leave success_bonus=0 and end_on_success=False")
+  chunk = cfg.policy.get("chunk_size", 1)
+  if e.success_bonus and isinstance(chunk, int) and chunk > 1 and e.reward_type == "chunk":
+    raise UserError(f"env.success_bonus={e.success_bonus!r} is a per-step reward, but with policy.chunk_size={chunk} "
+                    f"and env.reward_type='chunk' a decision's reward sums {chunk} steps and is discounted once, so "
+                    f"staying near the goal is worth {chunk}x what it would be per step and can outweigh success; "
+                    "set env.reward_type=action")
   if e.end_on_success and cfg.algorithm.name == "grpo":
     raise UserError("env.end_on_success=True ends the episodes of a same-seed group at different steps, so "
                     "algorithm.name=grpo would compare envs in different episodes; use end_on_success=False")

@@ -137,7 +137,11 @@ def _bc_demos(run: RunSpec, env_spec: EnvSpec) -> dict | None:
   try:
     demos = open_demos(path)
     check_demos(demos, env_spec, run.env.name)  # Pre-training's check: the same env, observations, actions.
-    return all_rows(demos, max(1, run.policy.chunk_size))
+    rows = all_rows(demos, max(1, run.policy.chunk_size))
+    if len(rows["actions"]) < demos.num_steps:
+      tqdm.tqdm.write(f"demo term: {len(rows['actions']):,} of the {demos.num_steps:,} demo steps in '{path}', "
+                      "evenly spaced (the update holds at most that many on its devices)")
+    return rows
   except (DemoFormatError, ValueError) as e:
     raise UserError(str(e)) from None
 

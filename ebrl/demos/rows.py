@@ -17,7 +17,9 @@ import numpy as np
 
 from ebrl.demos.reader import DemoSet
 
-# The most demo rows the RL update holds: about 100 MB of MT50 state observations and actions.
+# The most demo rows the RL update holds on its devices: about 100 MB of MT50 state observations and
+# actions. More recorded rows are thinned evenly (all_rows) rather than refused: pre-training wants
+# every demo, the update's regulariser only a representative draw of them.
 MAX_RL_DEMO_ROWS = 500_000
 
 
@@ -32,12 +34,10 @@ def chunk_actions(actions: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
   return chunks.astype(np.float32), mask
 
 
-def all_rows(demos: DemoSet, k: int) -> dict:
-  """Every kept step of `demos` as one batch {"obs": {key: [N, ...]}, "actions": [N, K*A],
-  "mask": [N, K*A]}, in recorded order. ValueError past MAX_RL_DEMO_ROWS rows."""
-  if demos.num_steps > MAX_RL_DEMO_ROWS:
-    raise ValueError(f"demos in '{demos.path}' hold {demos.num_steps:,} steps; the RL update's demonstration "
-                     f"term holds at most {MAX_RL_DEMO_ROWS:,} (record fewer episodes per task)")
+def all_rows(demos: DemoSet, k: int, max_rows: int = MAX_RL_DEMO_ROWS) -> dict:
+  """The kept steps of `demos` as one batch {"obs": {key: [N, ...]}, "actions": [N, K*A],
+  "mask": [N, K*A]}, in recorded order: all of them, or past `max_rows` every step at `max_rows`
+  evenly spaced positions, so each task and each phase of an episode keeps its share."""
   keys = tuple(demos.obs_spec)
   obs, actions, masks = {key: [] for key in keys}, [], []
   for e in demos.episodes():
@@ -46,5 +46,11 @@ def all_rows(demos: DemoSet, k: int) -> dict:
       obs[key].append(np.asarray(e.obs[key]))
     actions.append(chunks)
     masks.append(mask)
-  return {"obs": {key: np.concatenate(v) for key, v in obs.items()}, "actions": np.concatenate(actions),
+  rows = {"obs": {key: np.concatenate(v) for key, v in obs.items()}, "actions": np.concatenate(actions),
           "mask": np.concatenate(masks)}
+  n = len(rows["actions"])
+  if n <= max_rows:
+    return rows
+  keep = np.linspace(0, n - 1, max_rows).round().astype(np.int64)
+  return {"obs": {key: v[keep] for key, v in rows["obs"].items()}, "actions": rows["actions"][keep],
+          "mask": rows["mask"][keep]}

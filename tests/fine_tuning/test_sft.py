@@ -169,6 +169,25 @@ def test_chunks_stay_within_their_episode_and_mask_the_tail():
   assert ones.all()
 
 
+def test_demo_rows_past_the_cap_are_thinned_evenly_across_tasks(tmp_path):
+  """The RL update's demo term holds at most max_rows rows: more recorded steps than that are thinned
+  to evenly spaced rows (every task keeps its share, rows stay whole), never refused or truncated."""
+  from ebrl.demos.rows import all_rows  # pylint: disable=g-import-not-at-top
+  demos = open_demos(str(write_demos(tmp_path, episodes=8, length=12)))
+  full = all_rows(demos, 2, max_rows=1000)
+  assert len(full["actions"]) == 96
+  thin = all_rows(demos, 2, max_rows=30)
+  assert len(thin["actions"]) == 30 == len(thin["mask"]) == len(thin["obs"]["state"])
+  # Each thinned row is one whole row of the full set: observation, chunk and mask together.
+  index = {row.tobytes(): i for i, row in enumerate(full["obs"]["state"])}
+  picked = np.array([index[row.tobytes()] for row in thin["obs"]["state"]])
+  np.testing.assert_array_equal(thin["actions"], full["actions"][picked])
+  np.testing.assert_array_equal(thin["mask"], full["mask"][picked])
+  assert np.all(np.diff(picked) >= 3) and picked[0] == 0 and picked[-1] == 95  # Spread over all of it.
+  share = np.bincount(thin["obs"]["task"].argmax(-1), minlength=TASKS) / 30
+  np.testing.assert_allclose(share, np.full(TASKS, 1 / TASKS), atol=0.05)
+
+
 def _episode(rng, task: int, length: int, index: int, w: np.ndarray) -> dict:
   """An expert whose action is a fixed function of the state and task: learnable."""
   state = rng.normal(size=(length + 1, STATE)).astype(np.float32)

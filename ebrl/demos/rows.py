@@ -13,6 +13,7 @@ With K = 1 a chunk is the step's own action and the mask all ones.
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 
 from ebrl.demos.reader import DemoSet
@@ -52,5 +53,4 @@ def all_rows(demos: DemoSet, k: int, max_rows: int = MAX_RL_DEMO_ROWS) -> dict:
   if n <= max_rows:
     return rows
   keep = np.linspace(0, n - 1, max_rows).round().astype(np.int64)
-  return {"obs": {key: v[keep] for key, v in rows["obs"].items()}, "actions": rows["actions"][keep],
-          "mask": rows["mask"][keep]}
+  return jax.tree.map(lambda x: x[keep], rows)

@@ -37,6 +37,7 @@ def get_config() -> ml_collections.ConfigDict:
       # terminal, the env reset for its next episode). sim_adapters/success.py.
       success_bonus=0.0,
       end_on_success=False,
+      dense_reward_scale=1.0,  # MetaWorld: factor on its shaped reward (0 = the success bonus alone).
   ))
   c.num_envs = 64
   c.rollout_length = 128  # T: steps per env between updates (64 x 128 = 8,192 samples per update).

@@ -52,6 +52,7 @@ class EnvSettings:
   reward_type: str
   success_bonus: float
   end_on_success: bool
+  dense_reward_scale: float
 
 
 @dataclasses.dataclass(frozen=True)

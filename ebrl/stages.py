@@ -227,7 +227,7 @@ def _host_groups(run: RunSpec, layout: RunLayout, env_seed: int, clock: StageClo
           reward_type=env.reward_type, gamma=run.algorithm.gamma,
           env_group_size=run.algorithm.group_size if run.algorithm.name == "grpo" else 1,
           render_stage=env.render_stage, clock=clock, success_bonus=env.success_bonus,
-          end_on_success=env.end_on_success, **pinning)
+          end_on_success=env.end_on_success, dense_reward_scale=env.dense_reward_scale, **pinning)
   except (UnsupportedEnvError, ValueError) as e:
     raise UserError(str(e)) from None
   if resources is not None and env.render_stage:  # Draws get the render quota, not sim's.

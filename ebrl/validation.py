@@ -273,15 +273,23 @@ def _check_env(cfg) -> None:
 
 
 def _check_success_options(cfg) -> None:
-  """env.success_bonus / env.end_on_success (sim_adapters/success.py): valid values, on MetaWorld host envs."""
+  """env.success_bonus / env.end_on_success / env.dense_reward_scale (sim_adapters/success.py): valid
+  values, on MetaWorld host envs."""
   e = cfg.env
   _non_negative("env.success_bonus", e.success_bonus, " (reward added on success steps; 0 = none)")
   if not isinstance(e.end_on_success, bool):
     raise UserError(f"env.end_on_success={e.end_on_success!r} must be True or False")
+  _non_negative("env.dense_reward_scale", e.dense_reward_scale,
+                " (factor on the env's shaped reward: 1 = as is, 0 = the success bonus alone)")
+  if e.dense_reward_scale == 0 and not e.success_bonus:
+    raise UserError("env.dense_reward_scale=0 with env.success_bonus=0 leaves no reward to learn from; "
+                    "set env.success_bonus > 0 (e.g. 1000) or dense_reward_scale > 0")
   on = [f"env.{k}={e[k]!r}" for k in ("success_bonus", "end_on_success") if e[k]]
+  if e.dense_reward_scale != 1.0:
+    on.append(f"env.dense_reward_scale={e.dense_reward_scale!r}")
   if on and not e.name.startswith("MetaWorld/"):
     raise UserError(f"{' and '.join(on)} applies to MetaWorld host envs (MetaWorld/<Task>-v3, MT10, MT50), not "
-                    f"'{e.name}'; leave success_bonus=0 and end_on_success=False")
+                    f"'{e.name}'; leave success_bonus=0, end_on_success=False and dense_reward_scale=1")
   chunk = cfg.policy.get("chunk_size", 1)
   if e.success_bonus and isinstance(chunk, int) and chunk > 1 and e.reward_type == "chunk":
     raise UserError(f"env.success_bonus={e.success_bonus!r} is a per-step reward, but with policy.chunk_size={chunk} "

@@ -68,7 +68,7 @@ def make_adapter(name: str, num_envs: int, *, batch_size: int | None = None, num
                  straggler_step_s: float | None = None, shift_at_s: float = 0.0, shift_sim_us: float = 0.0,
                  chunk_size: int = 1, reward_type: str = "chunk", gamma: float = 0.99,
                  env_group_size: int = 1, render_stage: bool = False, clock=None, success_bonus: float = 0.0,
-                 end_on_success: bool = False):
+                 end_on_success: bool = False, dense_reward_scale: float = 1.0):
   """Builds the adapter for `name` (checked first, so errors come before any work).
 
   No env is reset here: the first reset happens when a scheduler starts, so a
@@ -78,9 +78,9 @@ def make_adapter(name: str, num_envs: int, *, batch_size: int | None = None, num
   `render_stage` (with from_pixels): state and pixels, the frames drawn by EBRL's
   render stage (as the envs come back) instead of inside EnvPool's
   pixel-only pools (sim_adapters/render_stage.py); `clock` (a StageClock) times its draws.
-  `success_bonus` / `end_on_success` (MetaWorld only): a reward added on success steps, episodes
-  that end at their first success (sim_adapters/success.py; training only, evaluation keeps
-  MetaWorld's protocol).
+  `success_bonus` / `end_on_success` / `dense_reward_scale` (MetaWorld only): a reward added on
+  success steps, episodes that end at their first success, the factor on the env's shaped reward
+  (sim_adapters/success.py; training only, evaluation keeps MetaWorld's protocol).
   """
   check_env_name(name)
   if from_pixels:
@@ -105,11 +105,12 @@ def make_adapter(name: str, num_envs: int, *, batch_size: int | None = None, num
     # GRPO: env i gets seed + i // env_group_size (ebrl.algorithms.grpo.grouped_env_seeds), so
     # every env of a group starts each episode from the same initial state.
     kwargs["env_seed"] = [seed + i // env_group_size for i in range(num_envs)]
-  if success_bonus or end_on_success:
+  reshaped = bool(success_bonus or end_on_success or dense_reward_scale != 1.0)
+  if reshaped:
     from sim_adapters.success import check_options
-    check_options(success_bonus, end_on_success)
+    check_options(success_bonus, end_on_success, dense_reward_scale)
     if not name.startswith("MetaWorld/"):
-      raise ValueError(f"success_bonus / end_on_success apply to MetaWorld host envs, not '{name}'")
+      raise ValueError(f"success_bonus / end_on_success / dense_reward_scale apply to MetaWorld host envs, not '{name}'")
   if render_stage and not from_pixels:
     raise ValueError("render_stage=True draws pixels: it needs from_pixels=True")
   if render_stage:
@@ -141,10 +142,10 @@ def make_adapter(name: str, num_envs: int, *, batch_size: int | None = None, num
   if shift_sim_us:
     from sim_adapters.instruments.demand_shift import DemandShiftAdapter
     adapter = DemandShiftAdapter(adapter, shift_at_s, shift_sim_us)
-  if success_bonus or end_on_success:
+  if reshaped:
     # Per step, below chunks: a chunk ends at the success step like at any episode end.
     from sim_adapters.success import SuccessAdapter
-    adapter = SuccessAdapter(adapter, success_bonus, end_on_success)
+    adapter = SuccessAdapter(adapter, success_bonus, end_on_success, dense_reward_scale)
   if chunk_size > 1:
     from sim_adapters.chunks import ChunkAdapter
     adapter = ChunkAdapter(adapter, chunk_size, reward_type, gamma)

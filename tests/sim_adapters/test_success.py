@@ -89,6 +89,18 @@ def test_bonus_is_added_exactly_on_success_steps():
   assert inner.ignored == 2 + 2  # The first reset and the truncations' resets only.
 
 
+@pytest.mark.parametrize("scale", [0.0, 0.25])
+def test_dense_reward_scale_scales_the_env_reward_and_leaves_the_bonus(scale):
+  """reward = scale * env reward + bonus on success rows: 0 is a sparse success reward."""
+  inner = ScriptedEnv([3, 20])
+  _, rows = _rows(SuccessAdapter(inner, bonus=2.5, dense_scale=scale), 12)
+  for b in rows:
+    expected = scale * np.where(b.reset_step, 0.0, 1.0) + 2.5 * (b.success > 0)
+    np.testing.assert_array_equal(b.reward, expected.astype(np.float32))
+  assert sum(float(b.reward[1]) for b in rows) == scale * sum(float(~b.reset_step[1]) for b in rows)
+  assert any(b.success[0] > 0 for b in rows)
+
+
 def test_end_on_success_terminates_at_the_first_success_and_the_next_row_is_a_reset():
   inner = ScriptedEnv([3, 20])
   adapter = SuccessAdapter(inner, bonus=1.0, end_on_success=True)
@@ -143,9 +155,23 @@ def test_bad_values_are_one_line_errors(bonus, end, message):
     make_adapter("MetaWorld/Reach-v3", 1, success_bonus=bonus, end_on_success=end)
 
 
+@pytest.mark.parametrize("bonus, scale, message", [
+    (1.0, -0.5, "dense_reward_scale=-0.5 must be a finite number >= 0"),
+    (1.0, float("nan"), "dense_reward_scale=nan must be a finite number >= 0"),
+    (0.0, 0.0, "dense_reward_scale=0 with success_bonus=0 leaves no reward"),
+])
+def test_bad_dense_reward_scales_are_one_line_errors(bonus, scale, message):
+  with pytest.raises(ValueError, match=message):
+    SuccessAdapter(ScriptedEnv([1]), bonus, False, scale)
+  with pytest.raises(ValueError, match=message):
+    make_adapter("MetaWorld/Reach-v3", 1, success_bonus=bonus, dense_reward_scale=scale)
+
+
 def test_make_adapter_rejects_envs_other_than_metaworld():
   with pytest.raises(ValueError, match="apply to MetaWorld host envs, not 'CartpoleBalance-v1'"):
     make_adapter("CartpoleBalance-v1", 1, end_on_success=True)
+  with pytest.raises(ValueError, match="apply to MetaWorld host envs, not 'CartpoleBalance-v1'"):
+    make_adapter("CartpoleBalance-v1", 1, dense_reward_scale=0.5)
 
 
 # -- MetaWorld, driven by its experts ----------------------------------------------------------

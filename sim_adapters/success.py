@@ -3,14 +3,15 @@
 Why: MetaWorld's protocol runs a fixed 500-step episode with a dense shaped
 reward and counts an episode a success if any of its steps succeeds. A policy
 trained on that return is paid as much for hovering near the goal after
-success as for reaching it. Two options change what training sees (evaluation
+success as for reaching it. Three options change what training sees (evaluation
 keeps MetaWorld's protocol):
   success_bonus   added to the reward of every step whose row reports success.
   dense_scale     the factor on the env's own (shaped) reward; 0 leaves the bonus
                   alone, a sparse success reward. MetaWorld's shaping pays for
                   being near a goal (a hammer by the nail, a peg at the hole) up
-                  to 8-10 a step without success, so an update can trade success
-                  for shaping on tasks whose success needs a precise last move.
+                  to 8-10 a step without success; whether that makes fine-tuning
+                  trade success for shaping on tasks that need a precise last move
+                  is not yet measured (BENCHMARKS.md, "Fine-tuning on MT50, continued").
   end_on_success  the first step that reports success ends the episode as a true
                   terminal (terminated=True, no bootstrap), and the env is reset
                   in place of its next step: the next row of that env is a

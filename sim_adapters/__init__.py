@@ -132,7 +132,8 @@ def make_adapter(name: str, num_envs: int, *, batch_size: int | None = None, num
     adapter = MultiTaskAdapter(num_envs, name=name, **kwargs)
   else:
     from sim_adapters.envpool_adapter import EnvPoolAdapter
-    adapter = EnvPoolAdapter(name, num_envs, **kwargs)
+    from sim_adapters.fresh_episodes import FreshEpisodeAdapter, needs_fresh_episodes
+    adapter = (FreshEpisodeAdapter if needs_fresh_episodes(name) else EnvPoolAdapter)(name, num_envs, **kwargs)
   simulator = adapter  # The wrappers below leave its frames to draw (render stage).
   if straggler_fraction != 0.0 or straggler_slowdown != 1.0:
     # Wrapped whenever either is set, so bad values are rejected; no delay when inactive.

@@ -40,6 +40,7 @@ import numpy as np
 
 from sim_adapters.base import EnvSpec, ObsSpec, StepBatch, concat_sorted, gather_all
 from sim_adapters.envpool_adapter import EnvPoolAdapter
+from sim_adapters.fresh_episodes import FreshEpisodeAdapter, needs_fresh_episodes
 from sim_adapters.tasks import MT10, METAWORLD_INSTRUCTIONS, PREFIX, multitask_tasks
 
 # The MT10 task list and one instruction per task (MetaWorld's task descriptions).
@@ -83,8 +84,9 @@ class MultiTaskAdapter:
     threads = num_threads if num_threads > 0 else 1
     self._subs = []
     for k, task in enumerate(tasks):
-      self._subs.append(EnvPoolAdapter(PREFIX + task, int(shares[k]), seed=seed + 1000 * k, num_threads=threads,
-                                       thread_affinity_offset=thread_affinity_offset, **kwargs))
+      pool = FreshEpisodeAdapter if needs_fresh_episodes(PREFIX + task) else EnvPoolAdapter
+      self._subs.append(pool(PREFIX + task, int(shares[k]), seed=seed + 1000 * k, num_threads=threads,
+                        thread_affinity_offset=thread_affinity_offset, **kwargs))
     self.task_ids = env_task_ids(num_envs, num_tasks)
     self.instructions = [METAWORLD_INSTRUCTIONS[tasks[k]] for k in self.task_ids]
     self._onehot = np.eye(num_tasks, dtype=np.float32)

@@ -48,16 +48,6 @@ def default_config() -> ml_collections.ConfigDict:
   return defaults.get_config()
 
 
-def _flat(cfg, prefix: str = "") -> dict[str, Any]:
-  out = {}
-  for key, value in cfg.items():
-    if isinstance(value, ml_collections.ConfigDict):
-      out.update(_flat(value, f"{prefix}{key}."))
-    else:
-      out[f"{prefix}{key}"] = value
-  return out
-
-
 def _unknown_key(dotted: str) -> UserError:
   """The CLI's message for a key the default config does not have (ml_collections' own suggestion)."""
   node = defaults.get_config()
@@ -76,8 +66,8 @@ def make_config(config: ml_collections.ConfigDict | Mapping | None = None,
   ...}) set on it. A key the default config does not have raises UserError with the CLI's message;
   values are checked by `train` before anything is built."""
   cfg = defaults.get_config()
-  known = _flat(cfg)
-  given = {} if config is None else _flat(config if isinstance(config, ml_collections.ConfigDict)
+  known = defaults.flatten(cfg)
+  given = {} if config is None else defaults.flatten(config if isinstance(config, ml_collections.ConfigDict)
                                            else ml_collections.ConfigDict(dict(config)))
   for key, value in [*given.items(), *(overrides or {}).items()]:
     if key not in known:

@@ -6,6 +6,8 @@ on the command line, e.g.
 or from Python: `ebrl.train(overrides={"env.name": "CartpoleBalance-v1"})`.
 """
 
+from typing import Any, Mapping
+
 import ml_collections
 
 
@@ -192,3 +194,15 @@ def get_config() -> ml_collections.ConfigDict:
   c.checkpoint_every_s = 30.0
   c.keep_checkpoints = 3
   return c
+
+
+def flatten(config: Mapping | ml_collections.ConfigDict, prefix: str = "") -> dict[str, Any]:
+  """{"env.name": ..., "algorithm.gamma": ...}: a config (a ConfigDict, or the plain nested dicts a
+  workdir's config.json holds) as dotted keys, the form the CLI and `ebrl.train(overrides=...)` take."""
+  out = {}
+  for key, value in config.items():
+    if isinstance(value, (Mapping, ml_collections.ConfigDict)):
+      out.update(flatten(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = value
+  return out

@@ -13,6 +13,7 @@ import json
 import os
 from typing import Mapping
 
+from ebrl import defaults
 from ebrl.errors import UserError
 
 CONFIG_FILE = "config.json"
@@ -32,20 +33,10 @@ def holds_run(path: str) -> bool:
   return os.path.isdir(ckpt) and any(d.isdigit() for d in os.listdir(ckpt))
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
-  out = {}
-  for k, v in d.items():
-    if isinstance(v, dict):
-      out.update(_flat(v, f"{prefix}{k}."))
-    else:
-      out[f"{prefix}{k}"] = v
-  return out
-
-
 def config_differences(saved: Mapping, config: Mapping) -> list[str]:
   """'key: saved -> now' for every key both configs have that a resume may not change."""
-  now = _flat(config)
-  saved = _flat(saved)
+  now = defaults.flatten(config)
+  saved = defaults.flatten(saved)
   resumable = lambda k: any(k == r or (r.endswith(".") and k.startswith(r)) for r in RESUMABLE_KEYS)
   return [f"{k}: {saved[k]!r} -> {now[k]!r}" for k in sorted(saved.keys() & now.keys())
           if saved[k] != now[k] and not resumable(k)]

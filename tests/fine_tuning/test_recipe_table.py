@@ -52,18 +52,12 @@ def _parse(value: str):
     return value
 
 
-def _get(config, dotted: str):
-  for part in dotted.split("."):
-    config = config[part]
-  return config
-
-
 def test_every_recipe_value_in_the_readme_table_is_the_config_value():
-  recipe = finetune.get_config()
+  recipe = defaults.flatten(finetune.get_config())
   wrong = []
   for keys, values in _rows():
     for key, text in zip(keys, values):
-      want, got = _parse(text), _get(recipe, key)
+      want, got = _parse(text), recipe[key]
       same = (math.isclose(float(got), want, rel_tol=1e-6) if isinstance(want, float) and not isinstance(got, bool)
               else got == want)
       if not same:
@@ -72,17 +66,7 @@ def test_every_recipe_value_in_the_readme_table_is_the_config_value():
 
 
 def test_every_key_the_recipe_changes_is_in_the_readme_table():
-  recipe, base = finetune.get_config(), defaults.get_config()
-  changed = []
-
-  def walk(a, b, prefix):
-    for key in a.keys():
-      path = f"{prefix}{key}"
-      if hasattr(a[key], "keys"):
-        walk(a[key], b[key], path + ".")
-      elif a[key] != b[key]:
-        changed.append(path)
-
-  walk(recipe, base, "")
+  recipe, base = defaults.flatten(finetune.get_config()), defaults.flatten(defaults.get_config())
+  changed = [key for key, value in recipe.items() if value != base[key]]
   documented = {key for keys, _ in _rows() for key in keys}
   assert changed and not set(changed) - documented, sorted(set(changed) - documented)

@@ -9,7 +9,7 @@ import os
 import ml_collections
 import pytest
 
-from ebrl.defaults import get_config
+from ebrl.defaults import flatten, get_config
 from ebrl.errors import UserError
 from ebrl.spec import derive_layout, translate
 from ebrl.validation import check_devices, resolve
@@ -20,14 +20,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 RENAMED = {"ebrl.": "async_.", "pipelined.num_partitions": "num_partitions", "placement": "learner_placement",
            **{k: f"outputs.{k}" for k in ("target_success", "log_every_s", "checkpoint_every_s", "keep_checkpoints",
                                           "resume", "warm_start", "eval_episodes")}}
-
-
-def _flat(cfg, prefix=""):
-  for key, value in cfg.items():
-    if isinstance(value, ml_collections.ConfigDict):
-      yield from _flat(value, f"{prefix}{key}.")
-    else:
-      yield f"{prefix}{key}", value
 
 
 def _spec_path(key: str) -> str:
@@ -49,7 +41,7 @@ def test_every_config_key_reaches_the_spec_with_its_value():
     cfg = get_config()
     cfg.scheduler = scheduler
     spec = resolve(cfg)
-    for key, value in _flat(cfg):
+    for key, value in flatten(cfg).items():
       if not key.startswith(other):
         got = _get(spec, _spec_path(key))
         assert got == (tuple(value) if isinstance(value, (list, tuple)) else value), key

@@ -10,25 +10,20 @@ be in the table.
 from __future__ import annotations
 
 import math
-import os
 import re
 
+import markdown_tables
 from ebrl import defaults
 from launch.configs import finetune
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HEADER = "| key | recipe | default | why |"
 
 
 def _rows() -> list[tuple[list[str], list[str]]]:
   """(dotted keys, recipe values) per row; a key without a section takes the row's first key's."""
-  text = open(os.path.join(ROOT, "README.md")).read()
-  lines = text[text.index(HEADER):].splitlines()[2:]
   rows = []
-  for line in lines:
-    if not line.startswith("|"):
-      break
-    key_cell, recipe_cell = line.split("|")[1:3]
+  for line in markdown_tables.table("README.md", HEADER)[2:]:
+    key_cell, recipe_cell = markdown_tables.cells(line)[:2]
     keys = re.findall(r"`([^`]+)`", key_cell)
     section = keys[0].rpartition(".")[0]
     keys = [k if "." in k or not section else f"{section}.{k}" for k in keys]

@@ -10,26 +10,21 @@ from __future__ import annotations
 import os
 import re
 
+import markdown_tables
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGES = ("ebrl", "sim_adapters", "policies", "launch")
 
 
 def _file_map(path: str) -> list[str]:
-  text = open(os.path.join(ROOT, path)).read()
-  start = text.index("| path | what lives there |")
-  rows = []
-  for line in text[start:].splitlines():
-    if not line.startswith("|"):
-      break
-    rows.append(line)
-  return rows
+  return markdown_tables.table(path, "| path | what lives there |")
 
 
 def _paths(rows: list[str]) -> list[str]:
   """Every `path` named in the first column of the map's rows."""
   out = []
   for row in rows[2:]:
-    first = row.split("|")[1]
+    first = markdown_tables.cells(row)[0]
     out += re.findall(r"`([^`]+)`", first)
   return out
 

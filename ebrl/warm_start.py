@@ -80,8 +80,10 @@ def check_params_match(saved: dict[str, tuple[int, ...]], template: dict[str, tu
                      f"'{extra[0]}' {saved[extra[0]]} that the policy does not (another policy?)")
 
 
-def load_params(path: str, template_params: Params) -> Params:
-  """Policy params from an EBRL checkpoint or a launch.sft directory, shaped and placed like the template.
+def check_params(path: str, template_params: Params) -> tuple[str, bool, bool]:
+  """Checks, from Orbax's metadata alone, that `path` holds params shaped like the template (which may
+  be jax.eval_shape's: nothing is read or compiled). Returns (the item directory, whether it holds a
+  whole TrainState, whether the template's frozen copy params["base"] must be filled from the net).
 
   Raises ValueError (one line) when nothing readable is there or a leaf's shape differs.
   """
@@ -89,9 +91,8 @@ def load_params(path: str, template_params: Params) -> Params:
   from etils import epath  # pylint: disable=g-import-not-at-top
 
   item = _item_dir(path)
-  handler = ocp.PyTreeCheckpointHandler()
   try:
-    tree = handler.metadata(epath.Path(item)).tree
+    tree = ocp.PyTreeCheckpointHandler().metadata(epath.Path(item)).tree
   except Exception as e:  # pylint: disable=broad-except  # Orbax raises many kinds.
     raise ValueError(f"cannot read warm-start params in '{item}': {_first_line(e)}") from None
   is_state = isinstance(tree, dict) and "params" in tree and "opt_state" in tree
@@ -102,6 +103,19 @@ def load_params(path: str, template_params: Params) -> Params:
                and not (isinstance(saved, dict) and BASE in saved))
   template = {k: v for k, v in template_params.items() if k != BASE} if fill_base else template_params
   check_params_match(_leaf_shapes(saved), _leaf_shapes(template), item)
+  return item, is_state, fill_base
+
+
+def load_params(path: str, template_params: Params) -> Params:
+  """Policy params from an EBRL checkpoint or a launch.sft directory, shaped and placed like the template.
+
+  Raises ValueError (one line) when nothing readable is there or a leaf's shape differs.
+  """
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
+  item, is_state, fill_base = check_params(path, template_params)
+  handler = ocp.PyTreeCheckpointHandler()
+  template = {k: v for k, v in template_params.items() if k != BASE} if fill_base else template_params
   target = {"params": template} if is_state else template
   try:
     out = ocp.Checkpointer(handler).restore(item, args=ocp.args.PyTreeRestore(

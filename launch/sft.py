@@ -20,6 +20,7 @@ The kept params are evaluated with sampled and with mean actions. <out>/params i
 from __future__ import annotations
 
 import math
+import os
 import sys
 
 from absl import flags
@@ -32,6 +33,10 @@ _OUT = flags.DEFINE_string("out", None, "Directory for the pre-trained params (<
 _STEPS = flags.DEFINE_integer("steps", 10000, "Gradient steps (at most, with --early_stop).")
 _BATCH = flags.DEFINE_integer("batch_size", 256, "Demo steps per gradient step.")
 _LR = flags.DEFINE_float("learning_rate", 3e-4, "Adam learning rate.")
+_LR_SCHEDULE = flags.DEFINE_enum("lr_schedule", "constant", ["constant", "cosine"],
+                                 "Adam's rate over the steps: constant, or cosine from --learning_rate down to 0.")
+_INIT = flags.DEFINE_string("init", None, "Continue from these params (a launch.sft --out directory or an RL "
+                            "workdir) instead of a fresh init; their observation statistics are kept.")
 _EVAL_EVERY = flags.DEFINE_integer("eval_every", 1000, "Steps between held-out evaluations (0: only at the end).")
 _EVAL_EPISODES = flags.DEFINE_integer("eval_episodes", 10, "Held-out episodes per task at each evaluation.")
 _EVAL_SEED = flags.DEFINE_integer("eval_seed", 1_000_003, "Seed of the held-out envs (apart from the demos').")
@@ -91,6 +96,8 @@ def main(argv: list[str]) -> None:
     common.fail(f"--eval_every={_EVAL_EVERY.value} must be 0 (only at the end) or positive")
   if not _OBS_MIN_STD.value > 0 or not math.isfinite(_OBS_MIN_STD.value):
     common.fail(f"--obs_min_std={_OBS_MIN_STD.value} must be a positive number (the observation std floor, raw units)")
+  if _INIT.value is not None and not os.path.isdir(_INIT.value):
+    common.fail(f"--init='{_INIT.value}' is not a directory; give a launch.sft --out directory or an RL workdir")
   if _EARLY_STOP.value and not _EVAL_EVERY.value:
     common.fail("--early_stop=True keeps the best held-out evaluation: it needs --eval_every > 0")
   fit_std = _FIT_STD.value
@@ -114,8 +121,9 @@ def main(argv: list[str]) -> None:
   run_spec = resolve(demo_env(cfg, _DEMOS.value, _env_given(cfg)))
   validation.check_devices(run_spec, jax.local_device_count())
   run = SFTRun(demos=_DEMOS.value, out=_OUT.value, eval_episodes=_EVAL_EPISODES.value, eval_seed=_EVAL_SEED.value,
-               progress=_PROGRESS.value, fit_std=fit_std, obs_min_std=_OBS_MIN_STD.value,
+               progress=_PROGRESS.value, fit_std=fit_std, obs_min_std=_OBS_MIN_STD.value, init=_INIT.value,
                train=SFTConfig(steps=_STEPS.value, batch_size=_BATCH.value, learning_rate=_LR.value,
+                               lr_schedule=_LR_SCHEDULE.value,
                                eval_every=_EVAL_EVERY.value, early_stop=_EARLY_STOP.value, patience=_PATIENCE.value))
   _, meta = pretrain(run_spec, run)
   print(f"sft {meta['policy']} on {meta['env']}: {meta['loss']} {meta['loss_first']:.4f} -> {meta['loss_last']:.4f} "

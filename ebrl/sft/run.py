@@ -31,7 +31,7 @@ from ebrl.errors import UserError
 from ebrl.evaluation import HELD_OUT_SEED, HostRunner, RunEnv
 from ebrl.sft import data as data_lib
 from ebrl.algorithms.imitation import LOSS_NAMES
-from ebrl.sft.train import SFTConfig, train
+from ebrl.sft.train import LR_SCHEDULES, SFTConfig, train
 from ebrl.spec import RunSpec
 from ebrl.telemetry.writers import MetricsWriter, write_json
 
@@ -53,6 +53,9 @@ class SFTRun:
   # trained mean, within policy.min_std / max_std), "gradient" (trained with the mean), "none" (init).
   fit_std: str = "closed_form"
   obs_min_std: float = 0.01  # Floor of the observation statistics' std (raw units).
+  # Params to continue from (a launch.sft --out or an RL run directory) instead of a fresh init; their
+  # observation statistics are kept, not refitted, so the network keeps seeing the inputs it learned on.
+  init: str | None = None
 
 
 FIT_STD_MODES = ("closed_form", "gradient", "none")
@@ -105,6 +108,8 @@ def prepare(run_spec: RunSpec, run: SFTRun):
                     "raw units)")
   if run.train.early_stop and not run.train.eval_every:
     raise UserError("--early_stop=True keeps the best held-out evaluation: it needs --eval_every > 0")
+  if run.train.lr_schedule not in LR_SCHEDULES:
+    raise UserError(f"--lr_schedule={run.train.lr_schedule} must be one of: {', '.join(LR_SCHEDULES)}")
   if run.train.patience < 1:
     raise UserError(f"--patience={run.train.patience} must be a positive number of evaluations")
   demos = open_demos(run.demos)
@@ -119,6 +124,11 @@ def prepare(run_spec: RunSpec, run: SFTRun):
     policy = make_policy(run_spec.policy.name, spec, run_spec.policy)
   except (ValueError, IncompatibleObservationError) as e:
     raise UserError(str(e)) from None
+  if run.init is not None:  # Shapes only (jax.eval_shape): a mismatch is one line before any compile.
+    try:
+      warm_start.check_params(run.init, jax.eval_shape(lambda: policy.init(jax.random.PRNGKey(0))))
+    except ValueError as e:
+      raise UserError(f"--init: {e}") from None
   workdir_lib.check_writable(out, flag="out")
   return demos, spec, policy, run_env, out
 
@@ -153,6 +163,18 @@ def ready(policy, demos, run_spec: RunSpec, run: SFTRun, k: int):
   return finish
 
 
+def initial_params(policy, key: jax.Array, demos, run: SFTRun):
+  """A fresh init with the demos' observation statistics, or `run.init`'s params as they were saved
+  (statistics included), checked leaf by leaf against the policy first."""
+  fresh = policy.init(key)
+  if run.init is None:
+    return data_lib.fit_normalizer(policy, fresh, demos, min_std=run.obs_min_std)
+  try:
+    return warm_start.load_params(run.init, fresh)
+  except ValueError as e:  # Checked in `prepare`; only a file changed since can get here.
+    raise UserError(f"--init: {e}") from None
+
+
 def pretrain(run_spec: RunSpec, run: SFTRun) -> tuple[Any, dict[str, Any]]:
   """Checks, pre-trains, evaluates and saves; returns (the params saved, what sft.json holds)."""
   demos, spec, policy, run_env, out = prepare(run_spec, run)
@@ -160,7 +182,7 @@ def pretrain(run_spec: RunSpec, run: SFTRun) -> tuple[Any, dict[str, Any]]:
   k = int(spec.chunk_size)
   key = jax.random.PRNGKey(run_spec.seed)
   init_key, train_key = jax.random.split(key)
-  params = data_lib.fit_normalizer(policy, policy.init(init_key), demos, min_std=run.obs_min_std)
+  params = initial_params(policy, init_key, demos, run)
   gaussian = policy.name in GAUSSIAN
   frozen = (("log_std",) if run.fit_std != "gradient" else ()) if gaussian else ()
   batches = data_lib.batches(demos, k, run.train.batch_size, seed=run_spec.seed)
@@ -183,7 +205,9 @@ def pretrain(run_spec: RunSpec, run: SFTRun) -> tuple[Any, dict[str, Any]]:
               expert_success=demos.expert_success(), steps=run.train.steps, steps_run=history["steps_run"],
               kept_step=history["kept_step"], early_stop=run.train.early_stop,
               patience=run.train.patience if run.train.early_stop else None,
-              batch_size=run.train.batch_size, learning_rate=run.train.learning_rate, frozen=list(frozen),
+              batch_size=run.train.batch_size, learning_rate=run.train.learning_rate,
+              lr_schedule=run.train.lr_schedule, init=os.path.abspath(run.init) if run.init else None,
+              frozen=list(frozen),
               fit_std=run.fit_std if gaussian else None, action_std=action_std(policy, params, run_spec),
               obs_min_std=run.obs_min_std,
               loss_first=float(np.mean(losses[:window])), loss_last=float(np.mean(losses[-window:])),

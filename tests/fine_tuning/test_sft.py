@@ -3,6 +3,7 @@ from episodes, the params warm-starting RL bit for bit, and bad demos as one lin
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -337,6 +338,33 @@ def test_early_stop_keeps_the_best_evaluation_ties_the_later(tmp_path):
   assert history["kept_step"] == 15 == history["steps_run"]
 
 
+# ----------------------------------------------------------------------------- the learning-rate schedule
+
+
+def test_a_cosine_schedule_decays_the_rate_to_zero_and_its_first_step_is_the_constant_rate(tmp_path):
+  demos = open_demos(str(write_demos(tmp_path)))
+  policy = make("mlp")
+  params = data_lib.fit_normalizer(policy, policy.init(jax.random.key(0)), demos)
+
+  def run(steps, schedule, rows=None):
+    cfg = SFTConfig(steps=steps, batch_size=16, learning_rate=3e-3, lr_schedule=schedule, log_every=1)
+    out, _ = train(policy, params, data_lib.batches(demos, 1, 16, seed=0), cfg, jax.random.key(1),
+                   write=None if rows is None else rows.append, progress=False)
+    return jax.tree.leaves(out["net"])
+
+  rows = []
+  run(8, "cosine", rows)
+  # Row `step` reports the rate its last Adam step used: step i (from 0) of n runs at lr (1 + cos(pi i / n)) / 2.
+  want = [3e-3 * 0.5 * (1 + np.cos(np.pi * i / 8)) for i in range(8)]
+  np.testing.assert_allclose([r["learning_rate"] for r in rows], want, rtol=1e-5)
+  assert rows[-1]["learning_rate"] < 0.04 * 3e-3
+  for a, b in zip(run(1, "cosine"), run(1, "constant")):  # Step 0: the full rate, the same update.
+    np.testing.assert_array_equal(a, b)
+  assert any(not np.array_equal(a, b) for a, b in zip(run(3, "cosine"), run(3, "constant")))
+  with pytest.raises(ValueError, match="lr_schedule='linear' must be one of: constant, cosine"):
+    run(1, "linear")
+
+
 # ----------------------------------------------------------------------------- the env from the manifest
 
 
@@ -437,6 +465,8 @@ def test_bad_demos_are_one_line_exit_2_before_a_compile(tmp_path, case, expected
     (["--eval_every=0", "--early_stop"], "--early_stop=True keeps the best held-out evaluation: it needs --eval_every > 0"),
     (["--patience=0"], "--patience=0 must be positive"),
     (["--train_log_std", "--fit_std=none"], "--train_log_std=True (--fit_std=gradient) contradicts --fit_std=none"),
+    (["--lr_schedule=linear"], "--lr_schedule"),
+    (["--init=/no/such/dir"], "--init='/no/such/dir' is not a directory"),
 ])
 def test_bad_sft_flags_are_one_line_exit_2(tmp_path, args, expected):
   proc = _run_sft([f"--demos={tmp_path}", f"--out={tmp_path / 'sft'}", *args])
@@ -510,6 +540,43 @@ def test_pretrained_params_warm_start_rl_bit_identically(reach_demos, tmp_path):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   finally:
     trainer.envs.close()
+
+
+def test_init_continues_from_saved_params_keeping_their_observation_statistics(reach_demos, tmp_path):
+  """A second run with `init` starts where the first ended (its loss, not a fresh init's) and keeps the
+  first run's observation statistics bit for bit, though they are not the ones these demos would give."""
+  from ebrl import warm_start
+  from ebrl.sft import SFTRun, pretrain
+
+  cfg = tiny_cfg()
+  first = SFTRun(demos=str(reach_demos), out=str(tmp_path / "a"), eval_episodes=1, progress=False,
+                 train=SFTConfig(steps=40, batch_size=16, learning_rate=3e-3, log_every=10))
+  params_a, meta_a = pretrain(resolve(cfg), first)
+  shifted = {**params_a, "obs_norm": params_a["obs_norm"].replace(mean=params_a["obs_norm"].mean + 0.25)}
+  warm_start.save_params(str(tmp_path / "shifted"), shifted)
+  second = SFTRun(demos=str(reach_demos), out=str(tmp_path / "b"), eval_episodes=1, progress=False,
+                  init=str(tmp_path / "a"), train=SFTConfig(steps=10, batch_size=16, learning_rate=1e-4,
+                                                            lr_schedule="cosine", log_every=5))
+  _, meta_b = pretrain(resolve(cfg), second)
+  assert meta_b["init"] == str(tmp_path / "a") and meta_b["lr_schedule"] == "cosine"
+  assert meta_b["loss_first"] < 0.5 * meta_a["loss_first"] and meta_b["loss_first"] < 1.5 * meta_a["loss_last"]
+  third = dataclasses.replace(second, out=str(tmp_path / "c"), init=str(tmp_path / "shifted"))
+  params_c, _ = pretrain(resolve(cfg), third)
+  for a, b in zip(jax.tree.leaves(params_c["obs_norm"]), jax.tree.leaves(shifted["obs_norm"])):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_an_init_of_another_policy_is_one_line_exit_2_before_a_compile(reach_demos, tmp_path):
+  from ebrl import warm_start
+  warm_start.save_params(str(tmp_path / "other"), {"net": {"w": np.zeros((3, 3), np.float32)}})
+  proc = _run_sft([f"--demos={reach_demos}", f"--out={tmp_path / 'sft'}", f"--init={tmp_path / 'other'}",
+                   "--steps=5", "--config.env.max_episode_steps=25"])
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  lines = [l for l in proc.stderr.splitlines() if l.strip() and not l.startswith(("W", "I"))]
+  assert len(lines) == 1 and lines[0].startswith("error: --init: warm-start params in"), proc.stderr[-3000:]
+  assert "do not match the policy" in lines[0]
+  assert "Compiling" not in proc.stderr + proc.stdout and "Traceback" not in proc.stderr
+  assert not (tmp_path / "sft" / "params").exists()
 
 
 @pytest.mark.slow  # The slowest family through the CLI; the loss of each family is checked in-process by default.

@@ -59,6 +59,9 @@ def get_config():
   c.policy.detach_critic = True  # vla: the value loss does not move the pre-trained trunk.
   a = c.algorithm
   a.obs_norm_update = "frozen"
+  # The actor's rate must be small against the rate pre-training ended at: from a pre-training decayed
+  # to 0 (launch.sft --lr_schedule=cosine) one Adam step at 1e-4 moved the vla 1.4-3.6x target_kl and
+  # success fell; 2e-5 was stable (BENCHMARKS.md, "The vla on MT10: a longer pre-training").
   a.actor_learning_rate = 1e-4
   a.critic_learning_rate = 1e-3
   a.clip_eps = 0.1

@@ -62,12 +62,14 @@ def learning_rate_at(cfg: SFTConfig) -> optax.Schedule:
   a cosine is the usual warm-up-stable-decay schedule, split over two runs."""
   if cfg.lr_schedule == "cosine":
     return optax.cosine_decay_schedule(cfg.learning_rate, cfg.steps)
-  return optax.constant_schedule(cfg.learning_rate)
+  if cfg.lr_schedule == "constant":
+    return optax.constant_schedule(cfg.learning_rate)
+  raise ValueError(f"lr_schedule='{cfg.lr_schedule}' must be one of: {', '.join(LR_SCHEDULES)}")
 
 
-def optimizer_for(net: Params, cfg: SFTConfig) -> optax.GradientTransformation:
-  """Adam with global-norm clipping; `cfg.frozen` leaves get zero updates."""
-  inner = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(learning_rate_at(cfg)))
+def optimizer_for(net: Params, cfg: SFTConfig, rate: optax.Schedule) -> optax.GradientTransformation:
+  """Adam at `rate` with global-norm clipping; `cfg.frozen` leaves get zero updates."""
+  inner = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(rate))
   labels = jax.tree_util.tree_map_with_path(
       lambda path, _: "frozen" if any(key_name(k) in cfg.frozen for k in path) else "train", net)
   return optax.multi_transform({"train": inner, "frozen": optax.set_to_zero()}, labels)
@@ -100,10 +102,8 @@ def train(policy, params: Params, data: Iterator[dict], cfg: SFTConfig, key: jax
   cfg.early_stop the best evaluation's). `write(row)` gets a row every cfg.log_every steps and after
   every evaluation.
   """
-  if cfg.lr_schedule not in LR_SCHEDULES:
-    raise ValueError(f"lr_schedule='{cfg.lr_schedule}' must be one of: {', '.join(LR_SCHEDULES)}")
-  optimizer = optimizer_for(params["net"], cfg)
-  rate = learning_rate_at(cfg)
+  rate = learning_rate_at(cfg)  # The rows log the rate each step used.
+  optimizer = optimizer_for(params["net"], cfg, rate)
   step_fn = make_step(policy, optimizer)
   net, rest = params["net"], {k: v for k, v in params.items() if k != "net"}
   net = jax.tree.map(jnp.array, net)  # A copy: the step donates it, the caller keeps `params`.

@@ -65,6 +65,9 @@ def get_config() -> ml_collections.ConfigDict:
       # vla: the value head reads stop_gradient of the trunk's features, so the value loss does not
       # move the trunk the actor shares (RLinf / piRL's fine-tuning recipe).
       detach_critic=False,
+      # vla: () = a linear value head on the trunk's [CLS] feature; layer sizes = a critic MLP of its own
+      # over [CLS], the normalised state and the task one-hot (fine-tuning: see launch/configs/finetune.py).
+      vla_critic_hidden=(),
       flow_steps=4,  # flow: noisy Euler steps of the sampling chain.
       flow_init_log_std=-1.0,  # flow: initial log noise scale per step.
       flow_min_log_std=-4.0,  # flow: floor of the log noise scale (fine-tuning: e.g. log(0.05) = -3.0).

@@ -72,6 +72,7 @@ class PolicySettings:
   heads: int
   decode: str
   detach_critic: bool  # vla: the value head reads stop_gradient of the trunk.
+  vla_critic_hidden: tuple[int, ...]  # vla: the critic MLP's layers; () = a linear head on [CLS].
   flow_steps: int
   flow_init_log_std: float
   flow_min_log_std: float  # flow: floor of the log noise scale.

@@ -228,13 +228,15 @@ class Trainer:
     return True
 
   def _warm_start(self, path: str) -> None:
-    from ebrl.warm_start import load_params
+    from ebrl.warm_start import check_params, load_params
     try:
+      fresh = check_params(path, self.state.params)[3]
       params = load_params(path, self.state.params)
     except ValueError as e:
       raise UserError(str(e)) from None
     self.state = with_reference(self.state, params)
-    tqdm.tqdm.write(f"warm start: policy params from {path}")
+    note = f" (the critic's {len(fresh)} leaves the saved params lack or shape otherwise start fresh)" if fresh else ""
+    tqdm.tqdm.write(f"warm start: policy params from {path}{note}")
 
   def evaluate(self, when: str) -> dict:
     """`run_spec.outputs.eval_episodes` episodes (per task on a multi-task env) of the current policy, one per env,

@@ -398,6 +398,11 @@ def _check_policy(cfg) -> None:
         raise UserError(f"policy.{key}={p[key]!r} must be an integer >= {2 if key == 'bins' else 1}")
     if p.width % p.heads:
       raise UserError(f"policy.width={p.width} must be a multiple of policy.heads={p.heads}")
+    hidden = p.vla_critic_hidden
+    if (not isinstance(hidden, (tuple, list))
+        or any(not isinstance(h, int) or isinstance(h, bool) or h <= 0 for h in hidden)):
+      raise UserError(f"policy.vla_critic_hidden={hidden!r} must be positive integer layer sizes, e.g. (256, 256), "
+                      "or () for a linear value head on the trunk")
   if p.name == "flow":
     if not isinstance(p.flow_steps, int) or p.flow_steps < 1:
       raise UserError(f"policy.flow_steps={p.flow_steps!r} must be an integer >= 1")

@@ -9,7 +9,12 @@
   itself in `<dir>/params`, with `<dir>/sft.json` describing how it was made.
 The saved tree is checked against freshly initialised params first, so a wrong
 policy or env gives one line naming the first mismatching leaf and both shapes
-instead of an Orbax traceback.
+instead of an Orbax traceback. The critic's leaves (policies.base.CRITIC_MODULES) are
+the exception: pre-training on demonstrations never trains a critic, so a run may
+build a critic of another shape than the saved one (the vla's critic MLP from a
+pre-training with a linear value head); the template's critic leaves that the saved
+params lack or shape differently keep their fresh init, and saved critic leaves the
+policy has no place for are not read.
 
 Pre-training itself (`launch.sft`, `ebrl/sft/`) reads demonstrations recorded by
 `launch.demos` (`ebrl/demos/`) and saves its params here.
@@ -24,7 +29,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from policies.base import key_name
+from policies.base import CRITIC_MODULES, key_name
 
 Params = Any
 
@@ -80,10 +85,20 @@ def check_params_match(saved: dict[str, tuple[int, ...]], template: dict[str, tu
                      f"'{extra[0]}' {saved[extra[0]]} that the policy does not (another policy?)")
 
 
-def check_params(path: str, template_params: Params) -> tuple[str, bool, bool]:
+def _is_critic(name: str) -> bool:
+  return any(part in CRITIC_MODULES for part in name.split("/"))
+
+
+def fresh_critic_leaves(saved: dict[str, tuple[int, ...]], template: dict[str, tuple[int, ...]]) -> list[str]:
+  """The template's critic leaves that `saved` lacks or shapes otherwise: they start from their init."""
+  return [n for n, shape in template.items() if _is_critic(n) and saved.get(n) != shape]
+
+
+def check_params(path: str, template_params: Params) -> tuple[str, bool, bool, list[str]]:
   """Checks, from Orbax's metadata alone, that `path` holds params shaped like the template (which may
   be jax.eval_shape's: nothing is read or compiled). Returns (the item directory, whether it holds a
-  whole TrainState, whether the template's frozen copy params["base"] must be filled from the net).
+  whole TrainState, whether the template's frozen copy params["base"] must be filled from the net,
+  the template's critic leaves that keep their init: `fresh_critic_leaves`).
 
   Raises ValueError (one line) when nothing readable is there or a leaf's shape differs.
   """
@@ -102,8 +117,11 @@ def check_params(path: str, template_params: Params) -> tuple[str, bool, bool]:
   fill_base = (isinstance(template_params, dict) and BASE in template_params
                and not (isinstance(saved, dict) and BASE in saved))
   template = {k: v for k, v in template_params.items() if k != BASE} if fill_base else template_params
-  check_params_match(_leaf_shapes(saved), _leaf_shapes(template), item)
-  return item, is_state, fill_base
+  saved, template = _leaf_shapes(saved), _leaf_shapes(template)
+  fresh = fresh_critic_leaves(saved, template)
+  check_params_match({n: s for n, s in saved.items() if not _is_critic(n)},
+                     {n: s for n, s in template.items() if not _is_critic(n)}, item)
+  return item, is_state, fill_base, fresh
 
 
 def load_params(path: str, template_params: Params) -> Params:
@@ -113,19 +131,43 @@ def load_params(path: str, template_params: Params) -> Params:
   """
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
 
-  item, is_state, fill_base = check_params(path, template_params)
+  item, is_state, fill_base, fresh = check_params(path, template_params)
   handler = ocp.PyTreeCheckpointHandler()
   template = {k: v for k, v in template_params.items() if k != BASE} if fill_base else template_params
-  target = {"params": template} if is_state else template
-  try:
+  readable = _without_leaves(template, set(fresh))
+  target = {"params": readable} if is_state else readable
+  try:  # Partial: a TrainState's other fields, and saved critic leaves the policy has no place for, stay unread.
     out = ocp.Checkpointer(handler).restore(item, args=ocp.args.PyTreeRestore(
-        item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=is_state))
+        item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True))
   except Exception as e:  # pylint: disable=broad-except
     raise ValueError(f"cannot read warm-start params in '{item}': {_first_line(e)}") from None
   out = out["params"] if is_state else out
+  if fresh:  # The template's structure, its own init on the fresh critic leaves.
+    loaded = dict(zip(_leaf_shapes(out).keys(), jax.tree.leaves(out)))
+    out = jax.tree_util.tree_map_with_path(
+        lambda p, x: x if "/".join(key_name(k) for k in p) in fresh else loaded["/".join(key_name(k) for k in p)],
+        template)
   if fill_base:
     out = {**out, BASE: {k: jax.tree.map(lambda x: x.copy(), out["net"][k]) for k in template_params[BASE]}}
     check_params_match(_leaf_shapes(out), _leaf_shapes(template_params), item)
+  return out
+
+
+def _without_leaves(tree, names: set[str], prefix: str = ""):
+  """`tree` (nested dicts below the top) without the leaves named in `names` and the dicts they empty."""
+  if not names:
+    return tree
+  if not isinstance(tree, dict):
+    return tree
+  out = {}
+  for k, v in tree.items():
+    name = f"{prefix}/{k}" if prefix else str(k)
+    if isinstance(v, dict):
+      v = _without_leaves(v, names, name)
+      if v:
+        out[k] = v
+    elif name not in names:
+      out[k] = v
   return out
 
 

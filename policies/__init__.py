@@ -41,7 +41,8 @@ def make_policy(name: str, spec: EnvSpec, cfg) -> Policy:
     from policies.vla import VLAPolicy
     return VLAPolicy(spec, chunk_size=k, bins=int(cfg.bins), width=int(cfg.width), depth=int(cfg.depth),
                      heads=int(cfg.heads), decode=str(cfg.decode), instructions=instructions_for(spec),
-                     detach_critic=bool(getattr(cfg, "detach_critic", False)))
+                     detach_critic=bool(getattr(cfg, "detach_critic", False)),
+                     critic_hidden=tuple(getattr(cfg, "vla_critic_hidden", ())))
   if name == "flow":
     from policies.flow import FlowPolicy
     return FlowPolicy(spec, chunk_size=k, steps=int(cfg.flow_steps),

@@ -21,6 +21,10 @@ Why this shape (OpenVLA / OpenVLA-OFT, scaled down for RL from scratch):
 * detach_critic=True: the value head reads the [CLS] feature through a stop_gradient, so
   the value loss trains the value head only and never moves the trunk the actor shares
   (the RLinf / piRL recipe for fine-tuning a pre-trained VLA).
+* critic_hidden=(h, ...): the value is a tanh MLP of its own (module "critic") over the [CLS]
+  feature, the normalised state and the task one-hot, instead of a linear head on [CLS]: features
+  trained to predict expert actions hold little of a multi-task return linearly, and a critic that
+  cannot fit the returns gives PPO advantages that are mostly noise.
 Observation statistics for "state" live in params["obs_norm"] (ebrl/normalizer.py).
 """
 
@@ -92,10 +96,12 @@ class _VLANet(nn.Module):
   autoregressive: bool
   init_temperature: float
   detach_critic: bool = False
+  critic_hidden: tuple[int, ...] = ()
 
   @nn.compact
-  def __call__(self, state, instr, pixels, prev_tokens):
-    """state [B, state_tokens, c] | None, instr [B, L] int | None, pixels [B, C, H, W] | None, prev_tokens [B, N]."""
+  def __call__(self, state, instr, pixels, prev_tokens, critic_x=None):
+    """state [B, state_tokens, c] | None, instr [B, L] int | None, pixels [B, C, H, W] | None, prev_tokens [B, N],
+    critic_x [B, D] | None: what a critic MLP reads besides the [CLS] feature (critic_hidden)."""
     b, w = prev_tokens.shape[0], self.width
     parts = [jnp.broadcast_to(self.param("cls", _EMBED_INIT, (1, 1, w)), (b, 1, w))]
     valid = [jnp.ones((b, 1), bool)]
@@ -139,8 +145,24 @@ class _VLANet(nn.Module):
                       kernel_init=nn.initializers.variance_scaling(0.01, "fan_in", "truncated_normal"),
                       bias_init=_centred_bias(self.init_temperature))(x[:, ctx:])
     cls = jax.lax.stop_gradient(x[:, 0]) if self.detach_critic else x[:, 0]  # The value loss stays off the trunk.
-    value = nn.Dense(1, name="value_head", kernel_init=nn.initializers.orthogonal(1.0))(cls)[:, 0]
-    return logits, value
+    if not self.critic_hidden:
+      value = nn.Dense(1, name="value_head", kernel_init=nn.initializers.orthogonal(1.0))(cls)[:, 0]
+      return logits, value
+    v = cls if critic_x is None else jnp.concatenate([cls, critic_x], axis=-1)
+    return logits, _Critic(self.critic_hidden, name="critic")(v)
+
+
+class _Critic(nn.Module):
+  """A tanh MLP value function (critic_hidden): a linear map of the [CLS] feature, trained for
+  actions, explains little of a multi-task return, and with detach_critic it cannot reshape it."""
+
+  hidden: tuple[int, ...]
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    for h in self.hidden:
+      x = nn.tanh(nn.Dense(h, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
+    return nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0))(x)[:, 0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,6 +185,9 @@ class VLAPolicy:
   instructions: Sequence[str] | None = None
   init_temperature: float = 1.0
   detach_critic: bool = False  # The value head reads stop_gradient of the trunk's [CLS] feature.
+  # () : the value is a linear head on the [CLS] feature; layer sizes: a critic MLP of its own over the
+  # [CLS] feature, the normalised state and the task one-hot.
+  critic_hidden: tuple[int, ...] = ()
   state_chunk: int = 8  # State dims per proprio token.
   patch_size: int = 8  # Image patch side, pixels.
   name: str = "vla"
@@ -177,6 +202,9 @@ class VLAPolicy:
       raise ValueError(f"width {self.width} is not a multiple of heads {self.heads}")
     if not self.init_temperature > 0:
       raise ValueError(f"init_temperature must be > 0, got {self.init_temperature}")
+    object.__setattr__(self, "critic_hidden", tuple(int(h) for h in self.critic_hidden))
+    if any(h <= 0 for h in self.critic_hidden):
+      raise ValueError(f"critic_hidden must be positive layer sizes, got {self.critic_hidden}")
     if self.instructions is not None:
       object.__setattr__(self, "instructions", tuple(self.instructions))
       check_instructions(self.name, self.spec, self.instructions)
@@ -244,7 +272,7 @@ class VLAPolicy:
                                      else int(table.max()) + 1)
     return _VLANet(self.width, self.depth, self.heads, self.bins, self.num_tokens, self._state_tokens, vocab,
                    self._patch, self.decode == "autoregressive", float(self.init_temperature),
-                   bool(self.detach_critic))
+                   bool(self.detach_critic), self.critic_hidden)
 
   # -- inputs ------------------------------------------------------------------
 
@@ -256,6 +284,7 @@ class VLAPolicy:
     return tuple(lead), flat
 
   def _net_inputs(self, params: Params, flat: Obs):
+    """(state tokens, instruction ids, pixels) for the trunk; None where absent."""
     state = instr = pixels = None
     if "state" in flat:
       x = normalizer.normalize(params["obs_norm"], flat["state"].astype(jnp.float32))
@@ -269,6 +298,15 @@ class VLAPolicy:
       pixels = flat["pixels"]
     return state, instr, pixels
 
+  def _critic_inputs(self, params: Params, flat: Obs) -> jax.Array | None:
+    """What a critic MLP (critic_hidden) reads besides [CLS]: the normalised state and the task one-hot."""
+    parts = []
+    if "state" in flat:
+      parts.append(normalizer.normalize(params["obs_norm"], flat["state"].astype(jnp.float32)))
+    if "task" in flat:
+      parts.append(flat["task"].astype(jnp.float32))
+    return jnp.concatenate(parts, axis=-1) if parts and self.critic_hidden else None
+
   def _batch(self, flat: Obs) -> int:
     return flat[self.input_keys[0]].shape[0]
 
@@ -277,7 +315,7 @@ class VLAPolicy:
     b = self._batch(flat)
     chex.assert_shape(tokens, (b, self.num_tokens))
     logits, value = self._net.apply({"params": params["net"]}, *self._net_inputs(params, flat),
-                                    tokens.astype(jnp.int32))
+                                    tokens.astype(jnp.int32), self._critic_inputs(params, flat))
     chex.assert_shape(logits, (b, self.num_tokens, self.bins))
     chex.assert_shape(value, (b,))
     return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), value
@@ -286,8 +324,9 @@ class VLAPolicy:
 
   def init(self, key: jax.Array) -> Params:
     obs = {k: jnp.zeros((1,) + tuple(self.spec.obs[k].shape), self.spec.obs[k].dtype) for k in self.input_keys}
-    net = self._net.init(key, *self._net_inputs({"obs_norm": normalizer.init_stats(self.state_dim)}, obs),
-                         jnp.zeros((1, self.num_tokens), jnp.int32))["params"]
+    stats = {"obs_norm": normalizer.init_stats(self.state_dim)}
+    net = self._net.init(key, *self._net_inputs(stats, obs), jnp.zeros((1, self.num_tokens), jnp.int32),
+                         self._critic_inputs(stats, obs))["params"]
     return {"net": net, "obs_norm": normalizer.init_stats(self.state_dim)}
 
   def token_logits(self, params: Params, obs: Obs, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:

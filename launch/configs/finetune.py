@@ -57,6 +57,11 @@ def get_config():
   c.policy.flow_init_log_std = math.log(0.1)
   c.policy.flow_min_log_std = math.log(0.05)
   c.policy.detach_critic = True  # vla: the value loss does not move the pre-trained trunk.
+  # vla: a critic MLP of its own over [CLS], the state and the task one-hot. A linear head on the
+  # detached [CLS] explained 0.09-0.14 of the MT10 returns' variance after its 20 warm-up updates, so
+  # PPO's advantages were mostly noise. Pre-trained params with a linear head still load (warm starts
+  # give a critic of another shape its fresh init: ebrl/warm_start.py).
+  c.policy.vla_critic_hidden = (256, 256)
   a = c.algorithm
   a.obs_norm_update = "frozen"
   # The actor's rate must be small against the rate pre-training ended at: from a pre-training decayed

@@ -27,7 +27,7 @@ def _rows() -> list[tuple[list[str], list[str]]]:
     keys = re.findall(r"`([^`]+)`", key_cell)
     section = keys[0].rpartition(".")[0]
     keys = [k if "." in k or not section else f"{section}.{k}" for k in keys]
-    values = [v.strip() for v in re.split(r",\s+", recipe_cell.strip())]
+    values = [v.strip() for v in re.split(r",\s+(?![^()]*\))", recipe_cell.strip())]  # Not inside a tuple.
     assert len(keys) == len(values), f"README row {key_cell.strip()!r}: {len(keys)} keys, {len(values)} values"
     rows.append((keys, values))
   return rows
@@ -39,6 +39,8 @@ def _parse(value: str):
     return value == "True"
   if value == '""':
     return ""
+  if value.startswith("(") and value.endswith(")"):  # Layer sizes: "(256, 256)", "()".
+    return tuple(int(v) for v in value[1:-1].split(",") if v.strip())
   if value.startswith("log "):
     return math.log(float(value[4:]))
   try:
@@ -53,6 +55,7 @@ def test_every_recipe_value_in_the_readme_table_is_the_config_value():
   for keys, values in _rows():
     for key, text in zip(keys, values):
       want, got = _parse(text), recipe[key]
+      got = tuple(got) if isinstance(got, list) else got
       same = (math.isclose(float(got), want, rel_tol=1e-6) if isinstance(want, float) and not isinstance(got, bool)
               else got == want)
       if not same:

@@ -114,3 +114,35 @@ def test_launch_bc_is_launch_sft(tmp_path):
   lines = [l for l in proc.stderr.splitlines() if l.strip()]
   assert len(lines) == 1 and lines[0].startswith("error: ") and "is empty; record one with" in lines[0], proc.stderr
   assert not (tmp_path / "bc" / "params").exists()
+
+
+def test_critic_of_another_shape_starts_fresh_and_the_actor_loads(tmp_path):
+  """Pre-training never trains a critic: a vla pre-trained with a linear value head warm-starts a vla with
+  a critic MLP (and back): every actor leaf is the saved one, the critic keeps the template's init; a
+  saved TrainState (an RL run's checkpoint) too. An actor leaf of another shape is still an error."""
+  from policies.vla import VLAPolicy  # pylint: disable=g-import-not-at-top
+  spec = tiny_spec()
+  make = lambda **kw: VLAPolicy(spec, bins=8, width=8, depth=1, heads=2, **kw)
+  head, mlp = make(), make(critic_hidden=(4,))
+  saved = jax.jit(head.init)(jax.random.key(0))
+  warm_start.save_params(str(tmp_path / "sft"), saved)
+  template = jax.jit(mlp.init)(jax.random.key(1))
+  assert warm_start.check_params(str(tmp_path / "sft"), jax.eval_shape(mlp.init, jax.random.key(1)))[3] == [
+      "net/critic/Dense_0/bias", "net/critic/Dense_0/kernel", "net/critic/Dense_1/bias", "net/critic/Dense_1/kernel"]
+  loaded = warm_start.load_params(str(tmp_path / "sft"), template)
+  assert jax.tree.structure(loaded) == jax.tree.structure(template)
+  assert tree_equal(loaded["net"]["critic"], template["net"]["critic"])
+  actor = lambda p: {k: v for k, v in p["net"].items() if k not in ("critic", "value_head")}
+  assert tree_equal(actor(loaded), actor(saved)) and not tree_equal(actor(loaded), actor(template))
+  # An RL checkpoint with the critic MLP, read by a vla with the linear head.
+  learner = Learner(mlp, LearnerConfig())
+  state = learner.init(jax.random.key(2))
+  ckpt = Checkpointer(str(tmp_path / "run" / "checkpoints"), warn=lambda m: None)
+  ckpt.save(10, state, {"env_steps": 10})
+  ckpt.close()
+  back = warm_start.load_params(str(tmp_path / "run"), saved)
+  assert tree_equal(back["net"]["value_head"], saved["net"]["value_head"])
+  assert tree_equal(actor(back), actor(state.params))
+  wider = VLAPolicy(spec, bins=16, width=8, depth=1, heads=2)
+  with pytest.raises(ValueError, match=r"leaf 'net/action_head/bias' has shape \(8,\) in the checkpoint but \(16,\)"):
+    warm_start.load_params(str(tmp_path / "sft"), jax.jit(wider.init)(jax.random.key(0)))

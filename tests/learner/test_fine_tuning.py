@@ -264,7 +264,9 @@ def test_token_ratios_update_matches_reference(name):
     leaves, _ = adam.step(leaves, jax.tree.leaves(grad(current)))
   expected = jax.tree.unflatten(jax.tree.structure(net), [f32(x) for x in leaves])
   assert float(metrics["clip_fraction"]) > 0  # The second step's ratios reach the clip.
-  assert_tree_close(host(new).params["net"], expected, atol=2e-6)
+  # float32 on another CPU: a leaf with a near-zero gradient takes an Adam step of up to lr (3e-2) whose size
+  # rounding moves by a few 1e-6; a wrong loss moves leaves by a fraction of lr.
+  assert_tree_close(host(new).params["net"], expected, atol=6e-6)
 
 
 def _np_categorical_kl(logp_all: np.ndarray, ref_all: np.ndarray, mask: np.ndarray) -> float:
@@ -352,7 +354,9 @@ def test_vla_segment_update_with_exact_kl_matches_reference(ratio_level):
   adam = NumpyAdam(jax.tree.leaves(net), cfg.learning_rate, cfg.max_grad_norm)
   leaves, _ = adam.step(jax.tree.leaves(net), jax.tree.leaves(jax.grad(loss)(net)))
   expected = jax.tree.unflatten(jax.tree.structure(net), [f32(x) for x in leaves])
-  assert_tree_close(host(new).params["net"], expected, atol=2e-6)
+  # float32 on another CPU: a leaf with a near-zero gradient takes an Adam step of up to lr (3e-2) whose size
+  # rounding moves by a few 1e-6; a wrong loss moves leaves by a fraction of lr.
+  assert_tree_close(host(new).params["net"], expected, atol=6e-6)
   start_all, _ = vla.token_logits(state0.params, {"state": batch["obs"]}, tokens)
   kl = _np_categorical_kl(np.asarray(start_all), np.asarray(ref_all), mask)
   assert kl > 1e-3

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -73,11 +74,15 @@ def test_summary_gives_each_task_its_interval():
     ({"min_std": 0.5, "max_std": 0.2}, "policy.min_std=0.5 must be below policy.max_std=0.2"),
     ({"min_std": 0.3, "max_std": 0.3}, "policy.min_std=0.3 must be below policy.max_std=0.3"),
     ({"detach_critic": 1}, "policy.detach_critic=1 must be True or False"),
+    ({"name": "vla", "vla_critic_hidden": (256, 0)},
+     "policy.vla_critic_hidden=(256, 0) must be positive integer layer sizes, e.g. (256, 256), or () for a linear "
+     "value head on the trunk"),
+    ({"name": "vla", "vla_critic_hidden": "256"}, "policy.vla_critic_hidden='256' must be positive integer"),
 ])
 def test_bad_std_bounds_and_detach_critic_are_one_line(overrides, expected):
   cfg = get_config()
   cfg.policy = ml_collections.ConfigDict({**cfg.policy.to_dict(), **overrides})  # No type check of the values.
-  with pytest.raises(UserError, match=expected.replace("(", r"\(")) as e:
+  with pytest.raises(UserError, match=re.escape(expected)) as e:
     resolve(cfg)
   assert "\n" not in str(e.value)
 

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from ebrl import normalizer
 from ebrl.param_store import ParamStore
 from ebrl.sampler import Sampler
 from launch.configs.default import get_config
@@ -154,3 +155,52 @@ def test_vla_detached_critic_keeps_the_value_loss_off_the_trunk():
   cfg = get_config().policy
   cfg.bins, cfg.width, cfg.depth, cfg.heads, cfg.chunk_size, cfg.detach_critic = 16, 16, 1, 2, 3, True
   assert make_policy("vla", spec, cfg).detach_critic
+
+
+def test_vla_critic_mlp_reads_state_and_task_and_only_it_learns_from_the_value():
+  """critic_hidden: the value is an MLP of its own (module "critic") over [CLS], the normalised state and the
+  task one-hot; the value loss moves only its leaves (detach_critic), and the actor is the linear head's."""
+  from policies.base import critic_mask  # pylint: disable=g-import-not-at-top
+  spec = make_spec(num_tasks=3)
+  policy = tiny(spec, "parallel", detach_critic=True, critic_hidden=(8, 8))
+  head = tiny(spec, "parallel", detach_critic=True)
+  params = jax.jit(policy.init)(jax.random.PRNGKey(0))
+  assert "value_head" not in params["net"]
+  assert [x.shape for x in jax.tree.leaves(params["net"]["critic"])] == [
+      (8,), (16 + spec.obs["state"].shape[0] + 3, 8), (8,), (8, 8), (1,), (8, 1)]
+  mask = critic_mask(params["net"])
+  assert all(jax.tree.leaves(mask["critic"])) and not any(
+      jax.tree.leaves({k: v for k, v in mask.items() if k != "critic"}))
+  obs = make_obs(spec, 6)
+  action = jnp.zeros((6, spec.action_dim))
+  evaluate = jax.jit(policy.evaluate)
+  value = evaluate(params, obs, action)[2]
+  # Against the MLP computed here in NumPy from its weights and its inputs: the trunk's [CLS] feature
+  # (final_norm's output at position 0), the state as the policy normalises it, and the task one-hot.
+  flat = policy._flatten(obs)[1]  # pylint: disable=protected-access
+  inputs = policy._net_inputs(params, flat)  # pylint: disable=protected-access
+  _, inter = policy._net.apply({"params": params["net"]}, *inputs, jnp.zeros((6, spec.action_dim), jnp.int32),
+                               policy._critic_inputs(params, flat),  # pylint: disable=protected-access
+                               capture_intermediates=lambda m, _: m.name == "final_norm")
+  cls = np.asarray(inter["intermediates"]["final_norm"]["__call__"][0][:, 0])
+  state = normalizer.normalize(params["obs_norm"], obs["state"])
+  x = np.concatenate([cls, np.asarray(state), np.asarray(obs["task"])], axis=-1)
+  c = jax.tree.map(np.asarray, params["net"]["critic"])
+  x = np.tanh(x @ c["Dense_0"]["kernel"] + c["Dense_0"]["bias"])
+  x = np.tanh(x @ c["Dense_1"]["kernel"] + c["Dense_1"]["bias"])
+  np.testing.assert_allclose(value, (x @ c["Dense_2"]["kernel"] + c["Dense_2"]["bias"])[:, 0], rtol=1e-5, atol=1e-5)
+  grads = jax.jit(jax.grad(lambda net: jnp.sum(evaluate({**params, "net": net}, obs, action)[2])))(params["net"])
+  assert {k for k, g in grads.items() if any(bool(jnp.any(x != 0)) for x in jax.tree.leaves(g))} == {"critic"}
+  # The value changes with the task one-hot alone (same state, another task).
+  other = {**obs, "task": jnp.roll(obs["task"], 1, axis=-1)}
+  assert not np.allclose(value, evaluate(params, other, action)[2])
+  # The actor's logits are those of the linear-head vla with the same trunk.
+  head_params = {**params, "net": {**{k: v for k, v in params["net"].items() if k != "critic"},
+                                   "value_head": jax.jit(head.init)(jax.random.PRNGKey(0))["net"]["value_head"]}}
+  np.testing.assert_array_equal(jax.jit(policy.token_logits)(params, obs, action.astype(jnp.int32))[0],
+                                jax.jit(head.token_logits)(head_params, obs, action.astype(jnp.int32))[0])
+  with pytest.raises(ValueError, match="critic_hidden must be positive layer sizes"):
+    tiny(spec, "parallel", critic_hidden=(8, 0))
+  cfg = get_config().policy
+  cfg.bins, cfg.width, cfg.depth, cfg.heads, cfg.chunk_size, cfg.vla_critic_hidden = 16, 16, 1, 2, 3, (8, 8)
+  assert make_policy("vla", spec, cfg).critic_hidden == (8, 8)

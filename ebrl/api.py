@@ -102,13 +102,15 @@ def train(config: ml_collections.ConfigDict | Mapping | None = None, workdir: st
           overrides: Mapping[str, Any] | None = None, progress: bool = True, launch_time: float | None = None,
           log: Callable[[str], None] = print, second_interrupt: str = "previous",
           coordinator_address: str | None = None, num_processes: int | None = None,
-          process_id: int | None = None, local_device_ids: Sequence[int] | None = None) -> Summary:
+          process_id: int | None = None, local_device_ids: Sequence[int] | None = None,
+          coordinator_bind: str | None = None) -> Summary:
   """Trains `config` (see `make_config`) in `workdir` (default: runs/<env>-<scheduler>-<time>) and
   returns its Summary. With config.resume the run continues from the workdir's last checkpoint.
 
   A run over several processes: every process calls it with the same config and workdir and
   `coordinator_address`, `num_processes` and its own `process_id` (the launchers' flags of the same
-  names; README "Several processes and hosts"), before anything in the process has used JAX; a
+  names; README "Several processes and hosts"; `coordinator_bind` as --coordinator_bind), before
+  anything in the process has used JAX; a
   process that joined through `jax.distributed.initialize` itself needs none of them.
   The first SIGINT/SIGTERM stops the run at its next update (checkpoint and summary written); a
   second has the effect of the handler there before (second_interrupt="previous": in a notebook or
@@ -134,7 +136,8 @@ def train(config: ml_collections.ConfigDict | Mapping | None = None, workdir: st
   # checks that need the device count follow in the Trainer.
   run = resolve(cfg)
   identity = distributed.ProcessIdentity(coordinator_address, num_processes, process_id,
-                                         tuple(local_device_ids) if local_device_ids is not None else None)
+                                         tuple(local_device_ids) if local_device_ids is not None else None,
+                                         coordinator_bind=coordinator_bind)
   if identity.given or local_device_ids is not None:
     distributed.initialize(identity)
   group = joined()

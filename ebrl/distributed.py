@@ -39,6 +39,10 @@ class ProcessIdentity:
   process_id: int | None = None
   local_device_ids: tuple[int, ...] | None = None
   connect_timeout_s: int = 300
+  # Where process 0's coordination service listens (host:port). None: the coordinator address itself,
+  # so a localhost run listens on loopback only and a multi-host run on the one interface its peers
+  # dial; never every interface unless asked ("[::]:port"), since the service is unauthenticated.
+  coordinator_bind: str | None = None
 
   @property
   def given(self) -> bool:
@@ -62,6 +66,10 @@ def check(identity: ProcessIdentity) -> None:
   if not address or not 0 < int(address["port"]) < 65536:
     raise UserError(f"--coordinator_address={identity.coordinator_address!r} is not host:port (a port in 1-65535), "
                     "e.g. 10.0.0.1:12345 or localhost:12345")
+  bind = identity.coordinator_bind
+  if bind is not None and (not _ADDRESS.match(bind) or not 0 < int(_ADDRESS.match(bind)["port"]) < 65536):
+    raise UserError(f"--coordinator_bind={bind!r} is not host:port (a port in 1-65535), e.g. 10.0.0.1:12345 for "
+                    "one interface or [::]:12345 for every interface (anyone who can reach it can join the run)")
   if identity.num_processes < 1:
     raise UserError(f"--num_processes={identity.num_processes} must be at least 1")
   if not 0 <= identity.process_id < identity.num_processes:
@@ -110,15 +118,25 @@ def _host_port(address: str) -> tuple[str, int]:
   return match["host"].strip("[]"), int(match["port"])
 
 
+def bind_address(identity: ProcessIdentity) -> str:
+  """host:port process 0's coordination service listens on: --coordinator_bind, or the coordinator
+  address itself (JAX's own default is every interface, "[::]:port")."""
+  return identity.coordinator_bind or identity.coordinator_address
+
+
 def _check_can_listen(address: str) -> None:
-  """Process 0 runs the coordinator on the address's port: a port taken on this host is one line."""
-  _, port = _host_port(address)
+  """Process 0 runs the coordinator at `address` (its bind address): an address this host cannot
+  listen on (a port taken, a host not its own) is one line, where JAX would abort the process."""
+  host, port = _host_port(address)
   try:
-    with socket.socket() as s:
-      s.bind(("0.0.0.0", port))
+    for family, kind, proto, _, sockaddr in socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM):
+      with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # As the service binds: TIME_WAIT is no conflict.
+        s.bind(sockaddr)
   except OSError as e:
-    raise UserError(f"process 0 runs the coordinator at --coordinator_address={address}, but port {port} cannot "
-                    f"be bound on this host ({(e.strerror or str(e)).lower()}); choose a free port") from None
+    raise UserError(f"process 0 runs the coordinator at {address}, but this host cannot listen there "
+                    f"({(e.strerror or str(e)).lower()}); choose a free port (or --coordinator_bind, an "
+                    "address of this host)") from None
 
 
 def _wait_for_coordinator(identity: ProcessIdentity) -> None:
@@ -155,7 +173,7 @@ def initialize(identity: ProcessIdentity, max_processes: int | None = None) -> i
     return 1
   if identity.given:  # JAX aborts the process when it cannot connect: the address is tried here first.
     if identity.process_id == 0:  # The coordinator will listen there, in this process.
-      _check_can_listen(identity.coordinator_address)
+      _check_can_listen(bind_address(identity))
     else:
       _wait_for_coordinator(identity)
   import jax  # pylint: disable=g-import-not-at-top
@@ -172,7 +190,7 @@ def initialize(identity: ProcessIdentity, max_processes: int | None = None) -> i
     if identity.given:
       jax.distributed.initialize(identity.coordinator_address, identity.num_processes, identity.process_id,
                                  local_device_ids=list(identity.local_device_ids) if identity.local_device_ids
-                                 else None, **kwargs)
+                                 else None, coordinator_bind_address=bind_address(identity), **kwargs)
     else:
       jax.distributed.initialize(**kwargs)
   except RuntimeError as e:

@@ -198,7 +198,7 @@ def run(main: Callable[[list[str]], None]) -> None:
 
 
 def define_process_flags() -> None:
-  """--coordinator_address, --num_processes, --process_id, --local_device_ids, --connect_timeout_s:
+  """--coordinator_address, --num_processes, --process_id, --local_device_ids, --connect_timeout_s, --coordinator_bind:
   this process's place in a run over several processes (ebrl/distributed.py)."""
   flags.DEFINE_string("coordinator_address", None, "host:port of process 0's coordination service, the same for "
                       "every process of a run over several processes (launch/multiprocess.py picks one on "
@@ -208,6 +208,9 @@ def define_process_flags() -> None:
   flags.DEFINE_list("local_device_ids", None, "This process's devices (indices of the host's), where several "
                     "processes share one host's accelerators.")
   flags.DEFINE_integer("connect_timeout_s", 300, "Seconds to wait for every process to join before giving up.")
+  flags.DEFINE_string("coordinator_bind", None, "host:port process 0's coordination service listens on (unset: "
+                      "--coordinator_address itself, one interface). '[::]:port' listens on every interface: the "
+                      "service is unauthenticated, so anyone who can reach the machine could join the run.")
 
 
 def check_process_share(cfg) -> None:
@@ -235,4 +238,5 @@ def join_run(max_processes: int | None = None) -> int:
       raise UserError(f"--local_device_ids={','.join(f.local_device_ids)} must be device indices, "
                       "e.g. --local_device_ids=0,1") from None
   return distributed.initialize(distributed.ProcessIdentity(
-      f.coordinator_address, f.num_processes, f.process_id, ids, f.connect_timeout_s), max_processes)
+      f.coordinator_address, f.num_processes, f.process_id, ids, f.connect_timeout_s, f.coordinator_bind),
+      max_processes)

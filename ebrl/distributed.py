@@ -60,16 +60,16 @@ def check(identity: ProcessIdentity) -> None:
   if identity.local_device_ids is not None and not identity.given:
     raise UserError("--local_device_ids chooses this process's devices in a run over several processes; give "
                     "--coordinator_address, --num_processes and --process_id with it")
+  bind = identity.coordinator_bind
+  if bind is not None and (not _ADDRESS.match(bind) or not 0 < int(_ADDRESS.match(bind)["port"]) < 65536):
+    raise UserError(f"--coordinator_bind={bind!r} is not host:port (a port in 1-65535), e.g. 10.0.0.1:12345 for "
+                    "one interface or [::]:12345 for every interface (anyone who can reach it can join the run)")
   if not identity.given:
     return
   address = _ADDRESS.match(identity.coordinator_address)
   if not address or not 0 < int(address["port"]) < 65536:
     raise UserError(f"--coordinator_address={identity.coordinator_address!r} is not host:port (a port in 1-65535), "
                     "e.g. 10.0.0.1:12345 or localhost:12345")
-  bind = identity.coordinator_bind
-  if bind is not None and (not _ADDRESS.match(bind) or not 0 < int(_ADDRESS.match(bind)["port"]) < 65536):
-    raise UserError(f"--coordinator_bind={bind!r} is not host:port (a port in 1-65535), e.g. 10.0.0.1:12345 for "
-                    "one interface or [::]:12345 for every interface (anyone who can reach it can join the run)")
   if identity.num_processes < 1:
     raise UserError(f"--num_processes={identity.num_processes} must be at least 1")
   if not 0 <= identity.process_id < identity.num_processes:
@@ -191,8 +191,8 @@ def initialize(identity: ProcessIdentity, max_processes: int | None = None) -> i
       jax.distributed.initialize(identity.coordinator_address, identity.num_processes, identity.process_id,
                                  local_device_ids=list(identity.local_device_ids) if identity.local_device_ids
                                  else None, coordinator_bind_address=bind_address(identity), **kwargs)
-    else:
-      jax.distributed.initialize(**kwargs)
+    else:  # A detected cluster: JAX finds the coordinator; it listens on every interface unless told.
+      jax.distributed.initialize(coordinator_bind_address=identity.coordinator_bind, **kwargs)
   except RuntimeError as e:
     where = identity.coordinator_address or f"the {cluster} job's coordinator"
     first = next((l.strip() for l in str(e).splitlines() if l.strip()), type(e).__name__)

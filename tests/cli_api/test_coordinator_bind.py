@@ -73,6 +73,8 @@ def test_bad_bind_addresses_are_one_line():
   with pytest.raises(UserError, match=r"^--coordinator_bind='everywhere' is not host:port .*\[::\]:12345 for every "
                                       r"interface \(anyone who can reach it can join the run\)$"):
     distributed.check(identity)
+  with pytest.raises(UserError, match=r"^--coordinator_bind='\[::\]' is not host:port"):  # Also without the flags
+    distributed.check(distributed.ProcessIdentity(coordinator_bind="[::]"))  # (a detected cluster's run).
   with socket.socket() as taken:
     taken.bind(("127.0.0.1", 0))
     taken.listen()

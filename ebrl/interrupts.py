@@ -73,13 +73,20 @@ def stop_on_signals(stop: threading.Event, log: Callable[[str], None] = print,
   if second not in ("default", "previous"):
     raise ValueError(f"second={second!r}; valid: 'default', 'previous'")
   again = "press Ctrl-C again to exit at once" if second == "default" else "interrupt again to stop at once"
+  closing = threading.Event()  # Set first thing on the way out: the handlers install nothing more.
 
-  def later(signum, frame):
-    """Under second="previous": the earlier handler's effect, once no write is in progress."""
-    with _held_lock:
-      if _writes_in_progress:
-        _held.append(signum)
-        return
+  def restore() -> None:
+    # SIGINT last: its earlier handler may raise KeyboardInterrupt for a signal that was already on its
+    # way, and by then every other handler is back. A signal landing earlier in the loop meets this
+    # block's handlers, which restore everything before they raise.
+    for sig in sorted(previous, key=lambda s: s == signal.SIGINT):
+      signal.signal(sig, _installable(previous[sig]))
+
+  def forward(signum, frame):
+    """The earlier handler's effect, with the earlier handlers back in place first: the
+    KeyboardInterrupt it may raise can land anywhere, the restoring loop below included, and
+    must not leave this block's handlers installed (a notebook kernel would keep them)."""
+    restore()
     handler = previous[signum]
     if callable(handler):
       handler(signum, frame)
@@ -89,7 +96,19 @@ def stop_on_signals(stop: threading.Event, log: Callable[[str], None] = print,
       signal.signal(signum, signal.SIG_DFL)
       signal.raise_signal(signum)
 
-  def first(signum, frame):  # pylint: disable=unused-argument
+  def later(signum, frame):
+    """Under second="previous": the earlier handler's effect, once no write is in progress."""
+    with _held_lock:
+      if _writes_in_progress:
+        _held.append(signum)
+        return
+    forward(signum, frame)
+
+  def first(signum, frame):
+    if closing.is_set():  # The block is being left: the signal is the earlier handlers' now.
+      stop.set()
+      forward(signum, frame)
+      return
     for sig in SIGNALS:
       signal.signal(sig, signal.SIG_DFL if second == "default" else later)
     stop.set()
@@ -100,5 +119,5 @@ def stop_on_signals(stop: threading.Event, log: Callable[[str], None] = print,
   try:
     yield
   finally:
-    for sig, handler in previous.items():
-      signal.signal(sig, _installable(handler))
+    closing.set()
+    restore()

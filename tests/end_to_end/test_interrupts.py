@@ -138,6 +138,50 @@ def test_a_second_signal_under_previous_waits_for_a_write_in_progress():
   assert signal.getsignal(signal.SIGINT) is before
 
 
+def test_the_earlier_handlers_are_back_before_a_second_signal_raises():
+  """The KeyboardInterrupt of a second signal can land anywhere, the block's own restoring included;
+  the earlier handlers are put back before it is raised, so a notebook kernel never keeps the run's."""
+  import threading  # pylint: disable=g-import-not-at-top
+
+  from ebrl import interrupts
+
+  before = {sig: signal.getsignal(sig) for sig in interrupts.SIGNALS}
+  with interrupts.stop_on_signals(threading.Event(), log=lambda m: None, second="previous"):
+    signal.raise_signal(signal.SIGINT)
+    try:
+      signal.raise_signal(signal.SIGINT)
+      raise AssertionError("the second SIGINT did not raise")
+    except KeyboardInterrupt:
+      assert {sig: signal.getsignal(sig) for sig in interrupts.SIGNALS} == before  # Already, inside the block.
+
+
+def test_a_signal_landing_while_the_block_restores_its_handlers_leaves_none_behind(monkeypatch):
+  """A SIGINT delivered just after the first handler is put back on the way out of the block (the
+  race a notebook kernel met: the run's handler left installed). It takes the earlier handler's
+  effect, KeyboardInterrupt, and every earlier handler is back."""
+  import threading  # pylint: disable=g-import-not-at-top
+
+  from ebrl import interrupts
+
+  before = {sig: signal.getsignal(sig) for sig in interrupts.SIGNALS}
+  real, state = signal.signal, {"armed": False, "fired": False}
+
+  def signal_then_interrupt(sig, handler):
+    out = real(sig, handler)
+    if state["armed"] and not state["fired"]:
+      state["fired"] = True
+      signal.raise_signal(signal.SIGINT)  # Its Python handler runs before raise_signal returns.
+    return out
+
+  monkeypatch.setattr(signal, "signal", signal_then_interrupt)
+  with pytest.raises(KeyboardInterrupt):
+    with interrupts.stop_on_signals(threading.Event(), log=lambda m: None, second="previous"):
+      state["armed"] = True
+  monkeypatch.undo()
+  assert state["fired"]
+  assert {sig: signal.getsignal(sig) for sig in interrupts.SIGNALS} == before
+
+
 @pytest.mark.slow  # A calibration child first; signals to the group are tested on a learner-process run by default.
 def test_sigterm_to_the_group_during_the_stage_calibration_still_stops_cleanly(tmp_path):
   """resources=auto calibrates in a process of its own while the run is built. A SIGTERM to the

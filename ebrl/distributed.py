@@ -61,13 +61,12 @@ def check(identity: ProcessIdentity) -> None:
     raise UserError("--local_device_ids chooses this process's devices in a run over several processes; give "
                     "--coordinator_address, --num_processes and --process_id with it")
   bind = identity.coordinator_bind
-  if bind is not None and (not _ADDRESS.match(bind) or not 0 < int(_ADDRESS.match(bind)["port"]) < 65536):
+  if bind is not None and not _is_host_port(bind):
     raise UserError(f"--coordinator_bind={bind!r} is not host:port (a port in 1-65535), e.g. 10.0.0.1:12345 for "
                     "one interface or [::]:12345 for every interface (anyone who can reach it can join the run)")
   if not identity.given:
     return
-  address = _ADDRESS.match(identity.coordinator_address)
-  if not address or not 0 < int(address["port"]) < 65536:
+  if not _is_host_port(identity.coordinator_address):
     raise UserError(f"--coordinator_address={identity.coordinator_address!r} is not host:port (a port in 1-65535), "
                     "e.g. 10.0.0.1:12345 or localhost:12345")
   if identity.num_processes < 1:
@@ -111,6 +110,12 @@ def free_port() -> int:
   with socket.socket() as s:
     s.bind(("localhost", 0))
     return s.getsockname()[1]
+
+
+def _is_host_port(address: str) -> bool:
+  """host:port with a port in 1-65535."""
+  match = _ADDRESS.match(address)
+  return bool(match) and 0 < int(match["port"]) < 65536
 
 
 def _host_port(address: str) -> tuple[str, int]:

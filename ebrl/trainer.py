@@ -228,10 +228,9 @@ class Trainer:
     return True
 
   def _warm_start(self, path: str) -> None:
-    from ebrl.warm_start import check_params, load_params
+    from ebrl.warm_start import load_params_and_fresh
     try:
-      fresh = check_params(path, self.state.params)[3]
-      params = load_params(path, self.state.params)
+      params, fresh = load_params_and_fresh(path, self.state.params)
     except ValueError as e:
       raise UserError(str(e)) from None
     self.state = with_reference(self.state, params)

@@ -399,8 +399,7 @@ def _check_policy(cfg) -> None:
     if p.width % p.heads:
       raise UserError(f"policy.width={p.width} must be a multiple of policy.heads={p.heads}")
     hidden = p.vla_critic_hidden
-    if (not isinstance(hidden, (tuple, list))
-        or any(not isinstance(h, int) or isinstance(h, bool) or h <= 0 for h in hidden)):
+    if not _is_layer_sizes(hidden):
       raise UserError(f"policy.vla_critic_hidden={hidden!r} must be positive integer layer sizes, e.g. (256, 256), "
                       "or () for a linear value head on the trunk")
   if p.name == "flow":
@@ -413,8 +412,7 @@ def _check_policy(cfg) -> None:
       raise UserError(f"policy.flow_init_log_std={p.flow_init_log_std!r} must be in ({lo:g}, 0) "
                       f"(above policy.flow_min_log_std={lo!r})")
     hidden = p.flow_hidden
-    if (not isinstance(hidden, (tuple, list)) or not hidden
-        or any(not isinstance(h, int) or isinstance(h, bool) or h <= 0 for h in hidden)):
+    if not hidden or not _is_layer_sizes(hidden):
       raise UserError(f"policy.flow_hidden={hidden!r} must be positive integer layer sizes, e.g. (256, 256)")
     k = p.flow_finetune_steps
     if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= p.flow_steps:
@@ -429,6 +427,12 @@ def _check_policy(cfg) -> None:
                     "(or set either to 0.0 for no bound on that side)")
   if not isinstance(p.detach_critic, bool):
     raise UserError(f"policy.detach_critic={p.detach_critic!r} must be True or False")
+
+
+def _is_layer_sizes(hidden) -> bool:
+  """A tuple or list of positive integers (not bools); () is one too."""
+  return isinstance(hidden, (tuple, list)) and all(isinstance(h, int) and not isinstance(h, bool) and h > 0
+                                                   for h in hidden)
 
 
 def _check_render_stage(cfg) -> None:

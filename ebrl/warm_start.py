@@ -29,7 +29,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from policies.base import CRITIC_MODULES, key_name
+from flax import traverse_util
+
+from policies.base import is_critic_path, key_name
 
 Params = Any
 
@@ -86,7 +88,7 @@ def check_params_match(saved: dict[str, tuple[int, ...]], template: dict[str, tu
 
 
 def _is_critic(name: str) -> bool:
-  return any(part in CRITIC_MODULES for part in name.split("/"))
+  return is_critic_path(name.split("/"))
 
 
 def fresh_critic_leaves(saved: dict[str, tuple[int, ...]], template: dict[str, tuple[int, ...]]) -> list[str]:
@@ -129,12 +131,18 @@ def load_params(path: str, template_params: Params) -> Params:
 
   Raises ValueError (one line) when nothing readable is there or a leaf's shape differs.
   """
+  return load_params_and_fresh(path, template_params)[0]
+
+
+def load_params_and_fresh(path: str, template_params: Params) -> tuple[Params, list[str]]:
+  """`load_params`, and the critic leaves that kept the template's init (`fresh_critic_leaves`)."""
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
 
   item, is_state, fill_base, fresh = check_params(path, template_params)
   handler = ocp.PyTreeCheckpointHandler()
   template = {k: v for k, v in template_params.items() if k != BASE} if fill_base else template_params
-  readable = _without_leaves(template, set(fresh))
+  flat_template = traverse_util.flatten_dict(template, sep="/")  # Dicts only: obs_norm's stats stay one entry.
+  readable = traverse_util.unflatten_dict({n: x for n, x in flat_template.items() if n not in fresh}, sep="/")
   target = {"params": readable} if is_state else readable
   try:  # Partial: a TrainState's other fields, and saved critic leaves the policy has no place for, stay unread.
     out = ocp.Checkpointer(handler).restore(item, args=ocp.args.PyTreeRestore(
@@ -143,32 +151,12 @@ def load_params(path: str, template_params: Params) -> Params:
     raise ValueError(f"cannot read warm-start params in '{item}': {_first_line(e)}") from None
   out = out["params"] if is_state else out
   if fresh:  # The template's structure, its own init on the fresh critic leaves.
-    loaded = dict(zip(_leaf_shapes(out).keys(), jax.tree.leaves(out)))
-    out = jax.tree_util.tree_map_with_path(
-        lambda p, x: x if "/".join(key_name(k) for k in p) in fresh else loaded["/".join(key_name(k) for k in p)],
-        template)
+    loaded = traverse_util.flatten_dict(out, sep="/")
+    out = traverse_util.unflatten_dict({n: x if n in fresh else loaded[n] for n, x in flat_template.items()}, sep="/")
   if fill_base:
     out = {**out, BASE: {k: jax.tree.map(lambda x: x.copy(), out["net"][k]) for k in template_params[BASE]}}
     check_params_match(_leaf_shapes(out), _leaf_shapes(template_params), item)
-  return out
-
-
-def _without_leaves(tree, names: set[str], prefix: str = ""):
-  """`tree` (nested dicts below the top) without the leaves named in `names` and the dicts they empty."""
-  if not names:
-    return tree
-  if not isinstance(tree, dict):
-    return tree
-  out = {}
-  for k, v in tree.items():
-    name = f"{prefix}/{k}" if prefix else str(k)
-    if isinstance(v, dict):
-      v = _without_leaves(v, names, name)
-      if v:
-        out[k] = v
-    elif name not in names:
-      out[k] = v
-  return out
+  return out, fresh
 
 
 def save_params(directory: str, params: Params, meta: dict | None = None) -> str:

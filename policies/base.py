@@ -164,7 +164,12 @@ def key_name(k) -> str:
 CRITIC_MODULES = ("critic", "value_head")
 
 
+def is_critic_path(names) -> bool:
+  """Whether a leaf whose path has these entry names belongs to the critic."""
+  return any(name in CRITIC_MODULES for name in names)
+
+
 def critic_mask(net: Params) -> Params:
   """A tree like params["net"] of bools: True on the critic's leaves. A critic warm-up trains only
   these, so the acting policy (and whatever the critic shares with it) stays bit-identical."""
-  return jax.tree_util.tree_map_with_path(lambda path, _: any(key_name(k) in CRITIC_MODULES for k in path), net)
+  return jax.tree_util.tree_map_with_path(lambda path, _: is_critic_path(key_name(k) for k in path), net)

@@ -287,7 +287,7 @@ class VLAPolicy:
     """(state tokens, instruction ids, pixels) for the trunk; None where absent."""
     state = instr = pixels = None
     if "state" in flat:
-      x = normalizer.normalize(params["obs_norm"], flat["state"].astype(jnp.float32))
+      x = self._normalized_state(params, flat)
       x = jnp.pad(x, ((0, 0), (0, self._state_tokens * self.state_chunk - self.state_dim)))
       state = x.reshape(x.shape[0], self._state_tokens, self.state_chunk)
     table = self._instruction_table
@@ -298,14 +298,17 @@ class VLAPolicy:
       pixels = flat["pixels"]
     return state, instr, pixels
 
+  def _normalized_state(self, params: Params, flat: Obs) -> jax.Array:
+    return normalizer.normalize(params["obs_norm"], flat["state"].astype(jnp.float32))
+
   def _critic_inputs(self, params: Params, flat: Obs) -> jax.Array | None:
     """What a critic MLP (critic_hidden) reads besides [CLS]: the normalised state and the task one-hot."""
-    parts = []
-    if "state" in flat:
-      parts.append(normalizer.normalize(params["obs_norm"], flat["state"].astype(jnp.float32)))
+    if not self.critic_hidden:
+      return None
+    parts = [self._normalized_state(params, flat)] if "state" in flat else []
     if "task" in flat:
       parts.append(flat["task"].astype(jnp.float32))
-    return jnp.concatenate(parts, axis=-1) if parts and self.critic_hidden else None
+    return jnp.concatenate(parts, axis=-1) if parts else None
 
   def _batch(self, flat: Obs) -> int:
     return flat[self.input_keys[0]].shape[0]
@@ -327,7 +330,7 @@ class VLAPolicy:
     stats = {"obs_norm": normalizer.init_stats(self.state_dim)}
     net = self._net.init(key, *self._net_inputs(stats, obs), jnp.zeros((1, self.num_tokens), jnp.int32),
                          self._critic_inputs(stats, obs))["params"]
-    return {"net": net, "obs_norm": normalizer.init_stats(self.state_dim)}
+    return {"net": net, **stats}
 
   def token_logits(self, params: Params, obs: Obs, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Log-softmaxed logits [..., N, bins] and value [...] given tokens [..., N] (teacher forcing)."""
